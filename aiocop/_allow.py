@@ -1,0 +1,170 @@
+"""Allow rules: blocking calls the user has decided not to be told about.
+
+A rule names an event, a module, a file path prefix or a call site; it can be
+global (`add_allow_rule`) or scoped (`allow_blocking`, a context manager and
+decorator whose rules follow the context into tasks created inside it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from types import FrameType
+
+from aiocop._rules import live_weights
+from aiocop._scope import ContextVarScope
+
+
+@dataclass(frozen=True, slots=True)
+class AllowRule:
+    """A blocking call not to report.
+
+    Every field that is set must match. `module`, `path` and `call_site` match
+    when any frame of the step's stack (from the call up to the start of the
+    task step or callback) matches them.
+
+    Attributes:
+        events: Event names (e.g. `"open"`, `"os.stat"`); empty means any event.
+        module: A module name; its submodules match too.
+        path: A file path prefix, e.g. `"/app/vendor/"`.
+        call_site: `"file.py:function"`: a frame of that function in a file
+            whose path ends with `file.py`.
+
+    Added in 2.0.
+    """
+
+    events: frozenset[str] = frozenset()
+    module: str | None = None
+    path: str | None = None
+    call_site: str | None = None
+    _site_file: str = field(default="", init=False, repr=False, compare=False)
+    _site_func: str = field(default="", init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.events, str):
+            raise TypeError("AllowRule.events must be a collection of event names, not a string")
+        object.__setattr__(self, "events", frozenset(self.events))
+        known = live_weights()
+        for event in self.events:
+            if not isinstance(event, str):
+                raise TypeError(f"AllowRule event names must be strings, not {event!r}")
+            if event not in known:
+                raise ValueError(
+                    f"unknown event {event!r} in allow rule; known events are listed by "
+                    "aiocop.get_blocking_events_dict(), add your own with aiocop.register_blocking_event()"
+                )
+        for name in ("module", "path", "call_site"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(f"AllowRule.{name} must be a non-empty string, not {value!r}")
+        if self.call_site is not None:
+            file, sep, func = self.call_site.rpartition(":")
+            if not sep or not file or not func:
+                raise ValueError(f"AllowRule.call_site must look like 'file.py:function', not {self.call_site!r}")
+            object.__setattr__(self, "_site_file", file.replace("/", os.sep))
+            object.__setattr__(self, "_site_func", func)
+
+    def matches_frame(self, frame: FrameType) -> bool:
+        code = frame.f_code
+        if self.path is not None and not code.co_filename.startswith(self.path):
+            return False
+        if self.call_site is not None and not (
+            code.co_name == self._site_func and code.co_filename.endswith(self._site_file)
+        ):
+            return False
+        if self.module is not None:
+            name = frame.f_globals.get("__name__")
+            if not isinstance(name, str) or not (name == self.module or name.startswith(self.module + ".")):
+                return False
+        return True
+
+    @property
+    def has_frame_condition(self) -> bool:
+        return self.module is not None or self.path is not None or self.call_site is not None
+
+    def matches(self, event: str, frames: Sequence[FrameType]) -> bool:
+        if self.events and event not in self.events:
+            return False
+        if not self.has_frame_condition:
+            return True
+        return any(self.matches_frame(frame) for frame in frames)
+
+
+_global_rules: tuple[AllowRule, ...] = ()
+scoped_rules: ContextVar[tuple[AllowRule, ...]] = ContextVar("aiocop_allow_rules", default=())
+
+
+def global_rules() -> tuple[AllowRule, ...]:
+    return _global_rules
+
+
+def _make_rule(
+    events: tuple[str, ...] | AllowRule, module: str | None, path: str | None, call_site: str | None
+) -> AllowRule:
+    if isinstance(events, AllowRule):
+        return events
+    return AllowRule(frozenset(events), module, path, call_site)
+
+
+def add_allow_rule(
+    *events: str | AllowRule, module: str | None = None, path: str | None = None, call_site: str | None = None
+) -> AllowRule:
+    """Stop reporting matching blocking calls everywhere.
+
+    Pass an `AllowRule`, or the fields of one: `add_allow_rule("open",
+    module="myapp.templates")`. Returns the rule, for `remove_allow_rule`.
+    Added in 2.0.
+    """
+    global _global_rules
+    if len(events) == 1 and isinstance(events[0], AllowRule):
+        rule = events[0]
+    else:
+        if any(isinstance(e, AllowRule) for e in events):
+            raise TypeError("add_allow_rule takes either one AllowRule or event names")
+        rule = AllowRule(frozenset(events), module, path, call_site)  # type: ignore[arg-type]
+    _global_rules = (*_global_rules, rule)
+    return rule
+
+
+def remove_allow_rule(rule: AllowRule) -> None:
+    """Remove a rule added by `add_allow_rule`. Added in 2.0."""
+    global _global_rules
+    _global_rules = tuple(r for r in _global_rules if r is not rule)
+
+
+def clear_allow_rules() -> None:
+    """Remove every global allow rule. Added in 2.0."""
+    global _global_rules
+    _global_rules = ()
+
+
+def get_allow_rules() -> list[AllowRule]:
+    """The global allow rules, in the order they were added. Added in 2.0."""
+    return list(_global_rules)
+
+
+class allow_blocking(ContextVarScope[tuple[AllowRule, ...]]):  # noqa: N801 - reads as a verb
+    """Allow blocking calls inside a block, function or coroutine function.
+
+    ```python
+    with aiocop.allow_blocking("open"):
+        config = load_config()
+
+    @aiocop.allow_blocking(module="legacy_sdk")
+    async def handler(): ...
+    ```
+
+    With no argument at all every blocking call is allowed. Tasks created
+    inside the scope inherit it. Added in 2.0.
+    """
+
+    def __init__(
+        self, *events: str, module: str | None = None, path: str | None = None, call_site: str | None = None
+    ) -> None:
+        super().__init__(scoped_rules)
+        self.rule = AllowRule(frozenset(events), module, path, call_site)
+
+    def _value(self) -> tuple[AllowRule, ...]:
+        return (*scoped_rules.get(), self.rule)

@@ -1,0 +1,198 @@
+"""Setting detection up, switching it on and off, and tearing it down."""
+
+from __future__ import annotations
+
+import logging
+from numbers import Real
+from typing import get_args
+
+from aiocop import _callbacks, _delivery, _hook, _rules, _state, _wrappers
+from aiocop._callbacks import SlowTaskCallback
+from aiocop._scope import ContextVarScope
+from aiocop._severity import level_threshold
+from aiocop._state import Delivery
+
+logger = logging.getLogger("aiocop")
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}: {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, not {value!r}")
+    return value
+
+
+def _check_ms(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a number of milliseconds, not {type(value).__name__}: {value!r}")
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0, not {value!r}")
+    return float(value)
+
+
+def start_blocking_io_detection(
+    trace_depth: int = 20,
+    *,
+    delivery: Delivery = "loop",
+    patch: bool = True,
+    max_events_per_step: int = 64,
+) -> None:
+    """Detect blocking calls on every event loop of the process, from now on.
+
+    Call it once at start-up, before or after any loop exists: every loop
+    started later, in any thread (asyncio, uvloop, rloop, veloxloop, ...), is
+    covered. Calling it again reconfigures detection.
+
+    Args:
+        trace_depth: Frames kept per blocking call.
+        delivery: `"loop"` runs callbacks on the loop's thread right after the
+            offending step; `"thread"` runs them on a background thread. Added in 2.0.
+        patch: Also wrap the stdlib calls that raise no audit event of their own
+            (`patch_audit_functions()`). Added in 2.0.
+        max_events_per_step: Blocking calls kept per step; more are counted in
+            `SlowTaskEvent.dropped_events`. Added in 2.0.
+    """
+    config = _state.config
+    config.trace_depth = _check_int("trace_depth", trace_depth, 1)
+    if delivery not in get_args(Delivery):
+        raise ValueError(f"delivery must be 'loop' or 'thread', not {delivery!r}")
+    config.delivery = delivery
+    config.max_events_per_step = _check_int("max_events_per_step", max_events_per_step, 1)
+    if patch and not _wrappers.get_patched_functions():
+        _wrappers.patch_audit_functions()
+    _hook.install()
+    _state.started = True
+    _hook.rebuild()
+
+
+def detect_slow_tasks(
+    threshold_ms: float = 30,
+    on_slow_task: SlowTaskCallback | None = None,
+    cpu_sampling: bool = True,
+) -> None:
+    """Set the slow-step threshold and, optionally, register a callback.
+
+    Args:
+        threshold_ms: A step is slow (`exceeded_threshold`) from this many ms.
+            Can be changed at any time by calling again.
+        on_slow_task: Registered with `register_slow_task_callback`.
+        cpu_sampling: Accepted for 1.x compatibility; the stall watchdog that
+            uses it is not part of this release yet.
+    """
+    _state.config.threshold_ms = _check_ms("threshold_ms", threshold_ms)
+    if on_slow_task is not None:
+        _callbacks.register_slow_task_callback(on_slow_task)
+    if not isinstance(cpu_sampling, bool):
+        raise TypeError(f"cpu_sampling must be a bool, not {cpu_sampling!r}")
+
+
+def get_slow_task_threshold_ms() -> float:
+    """The slow-step threshold in milliseconds."""
+    return _state.config.threshold_ms
+
+
+def stop() -> None:
+    """Uninstall detection: restore wrapped functions, make the hook inert and
+    deliver any pending events. Start again with `start_blocking_io_detection()`.
+    Added in 2.0.
+    """
+    _state.started = False
+    _hook.rebuild()
+    _wrappers.unpatch_audit_functions()
+    _delivery.drain()
+
+
+def activate() -> None:
+    """Resume detection paused by `deactivate()` (detection starts active)."""
+    _state.active = True
+    _hook.rebuild()
+
+
+def deactivate() -> None:
+    """Pause detection everywhere, without uninstalling anything."""
+    _state.active = False
+    _hook.rebuild()
+
+
+def is_monitoring_active() -> bool:
+    """Whether blocking calls are being detected right now."""
+    return _state.started and _state.active
+
+
+def enable_raise_on_violations(level: str = "high") -> None:
+    """Raise `HighSeverityBlockingIoException` at blocking calls in the current context.
+
+    The exception is raised at the call that brings the step's severity to
+    `level`, before the call runs, inside the task that made it. Tasks created
+    afterwards from this context inherit the setting.
+
+    Args:
+        level: `"high"` (default, as in 1.x), `"medium"` or `"low"` (any
+            blocking call with a weight). Added in 2.0.
+    """
+    _state.config.raise_min_score = level_threshold(level)
+    _state.raise_on_violations.set(True)
+
+
+def disable_raise_on_violations() -> None:
+    """Stop raising on violations in the current context."""
+    _state.raise_on_violations.set(False)
+
+
+def is_raise_on_violations_enabled() -> bool:
+    """Whether violations raise in the current context."""
+    return _state.raise_on_violations.get()
+
+
+class raise_on_violations(ContextVarScope[bool]):  # noqa: N801 - 1.x name
+    """Raise on violations inside a `with` block, or a decorated function or coroutine function.
+
+    ```python
+    with aiocop.raise_on_violations():
+        await handler()
+    ```
+    """
+
+    def __init__(self) -> None:
+        super().__init__(_state.raise_on_violations)
+
+    def _value(self) -> bool:
+        return True
+
+
+def reset_blocking_events() -> None:
+    """Forget the blocking calls recorded so far in the current step."""
+    _hook.reset_current_step()
+
+
+def register_blocking_event(event: str, weight: int = 10) -> None:
+    """Detect an audit event (or change its weight); takes effect at once.
+
+    Args:
+        event: An audit event name, native or raised with `sys.audit` by your code.
+        weight: Its severity weight (`WEIGHT_HEAVY`, `WEIGHT_MODERATE`, ...).
+
+    Added in 2.0.
+    """
+    if not isinstance(event, str) or not event:
+        raise TypeError(f"event must be a non-empty string, not {event!r}")
+    _rules.live_weights()[event] = _check_int("weight", weight, 0)
+    _hook.rebuild()
+
+
+def unregister_blocking_event(event: str) -> None:
+    """Stop detecting an event; raises `KeyError` if it is not detected. Added in 2.0."""
+    weights = _rules.live_weights()
+    if event not in weights:
+        raise KeyError(f"{event!r} is not a detected event; see aiocop.get_blocking_events_dict()")
+    del weights[event]
+    _hook.rebuild()
+
+
+def reset_blocking_event_table() -> None:
+    """Restore the default table of detected events and weights. Added in 2.0."""
+    weights = _rules.live_weights()
+    weights.clear()
+    weights.update(_rules.DEFAULT_WEIGHTS)
+    _hook.rebuild()

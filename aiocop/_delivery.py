@@ -1,0 +1,215 @@
+"""Turning a step's raw records into a `SlowTaskEvent` and handing it to callbacks.
+
+Delivery normally happens on the loop's thread, in the callback the hook
+scheduled with `loop.call_soon` at the step's first blocking call. With
+`delivery="thread"`, or when a loop stopped before that callback could run,
+a worker thread delivers instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from dataclasses import replace
+from queue import SimpleQueue
+from time import perf_counter
+from typing import Any
+
+from aiocop import _callbacks, _hook, _state
+from aiocop._events import BlockingEventInfo, RawBlockingEvent, SlowTaskEvent
+from aiocop._exceptions import HighSeverityBlockingIoException
+from aiocop._frames import format_frame
+from aiocop._hook import Record, StepGroup
+from aiocop._severity import calculate_io_severity_score, get_severity_level_from_score
+
+_MAX_ARG_CHARS = 100
+
+
+def _format_args(args: tuple[Any, ...]) -> str:
+    parts = []
+    for arg in args:
+        try:
+            text = arg if isinstance(arg, str) else repr(arg)
+        except Exception:
+            text = f"<{type(arg).__name__}>"
+        parts.append(text if len(text) <= _MAX_ARG_CHARS else text[: _MAX_ARG_CHARS - 3] + "...")
+    return ", ".join(parts)
+
+
+def _info(event: str, args_text: str, frames: list[tuple[str, int, str]], site: str | None,
+          severity: int | None) -> BlockingEventInfo:
+    formatted = [format_frame(f) for f in frames]
+    return {
+        "event": f"{event}({args_text})",
+        "trace": " <- ".join(formatted),
+        "entry_point": site or (formatted[0] if formatted else "unknown"),
+        "severity": severity,
+        "name": event,
+        "args": args_text,
+        "frames": frames,
+    }
+
+
+def _wall_clock(perf_time: float) -> float:
+    return time.time() - (perf_counter() - perf_time)
+
+
+def format_record(record: Record) -> BlockingEventInfo:
+    frames = [(code.co_filename, line, code.co_name) for code, line in record.trace]
+    site = None
+    if record.site is not None:
+        code, line = record.site
+        site = format_frame((code.co_filename, line, code.co_name))
+    info = _info(record.event, _format_args(record.args), frames, site, record.weight)
+    info["timestamp"] = _wall_clock(record.time)
+    info["raised"] = record.raised
+    return info
+
+
+def format_blocking_event(raw_event: RawBlockingEvent) -> BlockingEventInfo:
+    """Format a raw 1.x-style event into a `BlockingEventInfo`.
+
+    Args:
+        raw_event: A `RawBlockingEvent` (event name, raw arguments, raw stack
+            of `(filename, lineno, function)` tuples innermost first, ...).
+    """
+    args = raw_event["raw_args"]
+    if len(args) == 2 and isinstance(args[0], tuple) and isinstance(args[1], dict):
+        args = args[0]  # 1.x wrappers passed (args, kwargs)
+    frames = list(raw_event["raw_stack"])
+    info = _info(raw_event["event_name"], _format_args(tuple(args)), frames, None, raw_event["severity"])
+    info["timestamp"] = raw_event["timestamp"]
+    return info
+
+
+def _loop_name(group: StepGroup) -> str:
+    cls = type(group.loop)
+    return f"{cls.__module__}.{cls.__qualname__}@{id(group.loop):#x}"
+
+
+def build_event(group: StepGroup) -> SlowTaskEvent:
+    events = [format_record(r) for r in group.records]
+    score = calculate_io_severity_score(events) if not group.dropped else group.score
+    elapsed_ms = ((group.t_end or perf_counter()) - group.t_first) * 1000.0
+    threshold_ms = _state.config.threshold_ms
+    task = group.task
+    return SlowTaskEvent(
+        elapsed_ms=elapsed_ms,
+        threshold_ms=threshold_ms,
+        exceeded_threshold=elapsed_ms >= threshold_ms,
+        severity_score=score,
+        severity_level=get_severity_level_from_score(score),
+        reason="io_blocking",
+        blocking_events=events,
+        task_name=task.get_name() if task is not None else None,
+        thread_name=group.thread_name,
+        thread_id=group.thread_id,
+        loop=_loop_name(group),
+        dropped_events=group.dropped,
+    )
+
+
+def deliver_now(group: StepGroup) -> None:
+    """Build the event and run providers and callbacks (in the step's context)."""
+    if not group.records and not group.dropped:
+        return  # reset_blocking_events() emptied it
+    state = _hook.thread_state
+    was_busy, state.busy = state.busy, True  # a callback's own blocking calls are not reported
+    try:
+        event = build_event(group)
+        event = replace(event, context=_callbacks.capture_context())
+        _callbacks.invoke_callbacks(event)
+    except Exception:
+        _hook._internal_error()
+    finally:
+        state.busy = was_busy
+
+
+def flush(group: StepGroup) -> None:
+    """Run by the loop right after the step: the step is over, deliver it."""
+    if not group.t_end:
+        group.t_end = perf_counter()
+    state = _hook.thread_state
+    if state.group is group:
+        state.group = None
+    if not _hook.claim(group):
+        return
+    if _state.config.delivery == "thread":
+        _worker.submit([group])
+    else:
+        deliver_now(group)
+
+
+def make_violation(group: StepGroup) -> HighSeverityBlockingIoException:
+    events = [format_record(r) for r in group.records]
+    return HighSeverityBlockingIoException(
+        severity_score=group.score,
+        severity_level=get_severity_level_from_score(group.score),
+        elapsed_ms=(perf_counter() - group.t_first) * 1000.0,
+        threshold_ms=_state.config.threshold_ms,
+        events=events,
+    )
+
+
+class _Worker:
+    """A daemon thread that delivers groups off the loop threads."""
+
+    def __init__(self) -> None:
+        self._queue: SimpleQueue[list[StepGroup] | None] = SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, groups: list[StepGroup]) -> None:
+        if self._thread is None:
+            self._start()
+        self._queue.put(groups)
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="aiocop-delivery", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while (groups := self._queue.get()) is not None:
+            for group in groups:
+                if not group.t_end:
+                    group.t_end = perf_counter()
+                # A copy: the loop thread may still be inside the original.
+                group.context.copy().run(deliver_now, group)
+
+    def drain(self) -> None:
+        """Deliver what is queued and what was never scheduled, on this thread."""
+        while not self._queue.empty():
+            for group in self._queue.get() or ():
+                group.context.copy().run(deliver_now, group)
+        for group in [g for g in list(_hook.unclaimed.values()) if _hook.claim(g)]:
+            if not group.t_end:
+                group.t_end = perf_counter()
+            group.context.copy().run(deliver_now, group)
+
+    def reinit_after_fork(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+_worker = _Worker()
+
+
+def _orphans(groups: list[StepGroup]) -> None:
+    claimed = [g for g in groups if _hook.claim(g)]
+    if claimed:
+        _worker.submit(claimed)
+
+
+def drain() -> None:
+    _worker.drain()
+
+
+_hook.flush_callback = flush
+_hook.orphan_handler = _orphans
+_hook.make_violation = make_violation
+atexit.register(drain)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_worker.reinit_after_fork)

@@ -1,0 +1,101 @@
+"""Public event types, kept field-compatible with aiocop 1.x.
+
+New 2.x information is added after the 1.x fields, always with a default, so
+that code constructing or unpacking the 1.x types keeps working.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypedDict
+
+
+class RawBlockingEvent(TypedDict):
+    """A blocking event as captured, before formatting (1.x shape)."""
+
+    event_name: str
+    raw_args: tuple[Any, ...]
+    raw_stack: list[tuple[str, int, str]]
+    timestamp: float
+    severity: int | None
+
+
+class _BlockingEventInfoBase(TypedDict):
+    event: str
+    trace: str
+    entry_point: str
+    severity: int | None
+
+
+class BlockingEventInfo(_BlockingEventInfoBase, total=False):
+    """One blocking call, formatted for reporting.
+
+    The 1.x keys are always present: `event` (name and summarised arguments),
+    `trace` (frames joined by `" <- "`, innermost first), `entry_point` (the
+    user's line, `path:line:function`) and `severity` (the call's weight).
+
+    Added in 2.0, present on events aiocop 2 produces: `name` (the event name
+    alone), `args` (the summarised arguments), `frames` (the trace as
+    `(filename, lineno, function)` tuples), `timestamp` (wall-clock time of the
+    call) and `raised` (whether `raise_on_violations` failed the call).
+    """
+
+    name: str
+    args: str
+    frames: list[tuple[str, int, str]]
+    timestamp: float
+    raised: bool
+
+
+class CpuStackSample(TypedDict):
+    """Stack samples aggregated while a step held the loop (1.x shape)."""
+
+    trace: str
+    entry_point: str
+    count: int
+
+
+@dataclass(frozen=True)
+class SlowTaskEvent:
+    """What aiocop reports for one step (a task step or a callback) of an event loop.
+
+    Attributes:
+        elapsed_ms: For `"io_blocking"` events: wall time from the step's first
+            blocking call until the loop got control back (measured when
+            aiocop's delivery callback ran right after the step, so it can
+            include other callbacks that were ready in the same loop
+            iteration). It does not include the part of the step before the
+            first blocking call, which aiocop cannot see without wrapping
+            every callback.
+        threshold_ms: The slow-task threshold in force (`detect_slow_tasks`).
+        exceeded_threshold: `elapsed_ms >= threshold_ms`.
+        severity_score: Sum of the weights of `blocking_events`.
+        severity_level: `"low"`, `"medium"` or `"high"`.
+        reason: `"io_blocking"` when blocking calls were intercepted,
+            `"cpu_blocking"` when only the watchdog saw the step.
+        blocking_events: The step's blocking calls, in call order.
+        context: What the registered context providers returned, evaluated in
+            the step's context (contextvars as at its first blocking call).
+        cpu_stack_samples: Stack samples taken while the loop was stuck.
+        task_name: The task's name, or `None` for a plain callback. Added in 2.0.
+        thread_name: Name of the thread running the loop. Added in 2.0.
+        thread_id: Identifier of that thread. Added in 2.0.
+        loop: The loop's class and id, e.g. `"uvloop.Loop@0x7f.."`. Added in 2.0.
+        dropped_events: Blocking calls not kept because the step exceeded the
+            per-step buffer. Added in 2.0.
+    """
+
+    elapsed_ms: float
+    threshold_ms: float
+    exceeded_threshold: bool
+    severity_score: int
+    severity_level: str
+    reason: Literal["io_blocking", "cpu_blocking"] | str
+    blocking_events: list[BlockingEventInfo]
+    context: dict[str, Any] = field(default_factory=dict)
+    cpu_stack_samples: list[CpuStackSample] = field(default_factory=list)
+    task_name: str | None = None
+    thread_name: str = ""
+    thread_id: int = 0
+    loop: str = ""
+    dropped_events: int = 0

@@ -1,0 +1,416 @@
+"""The audit hook: the one place every detected blocking call passes through.
+
+`audit_hook` is called by CPython for every audit event of every thread, so it
+is written for speed: an event aiocop does not care about costs one dict miss,
+and a thread that is not running an event loop costs one more C call
+(`asyncio._get_running_loop`, a per-thread slot). Only then does the slow path
+(`_record`) run, on the loop's thread, inside the offending step.
+
+No event loop method is wrapped. A step's edges are found from the stack: the
+walk from the blocking call stops at the task's coroutine frame, at a Python
+loop's dispatch frame (`Handle._run`, ...) or at the frame that entered a
+loop written in C (learned from the `sys.set_asyncgen_hook_*` events every
+loop raises when it starts). The first blocking call of a step schedules one
+delivery callback with `loop.call_soon`; it runs after the step, so callbacks
+never run inside the hook.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from asyncio import AbstractEventLoop, Task, current_task
+from asyncio import _get_running_loop as get_running_loop
+from collections.abc import Callable
+from contextvars import Context, copy_context
+from time import perf_counter
+from types import CodeType, FrameType
+from typing import Any
+
+from aiocop import _allow, _frames, _internals, _rules, _state
+from aiocop._frames import Kind
+
+logger = logging.getLogger("aiocop")
+
+# How far up a stack the walk goes when it finds no edge of the step.
+_MAX_WALK = 256
+_WRAPPERS_FILE = _frames._AIOCOP_DIR + "_wrappers.py"
+_BUFFER_TYPES = (bytes, bytearray, memoryview)
+_LOOP_BOUNDARY_EVENTS = ("sys.set_asyncgen_hook_firstiter",)
+
+
+class _Rule:
+    __slots__ = ("weight", "condition", "boundary")
+
+    def __init__(self, weight: int, condition: Callable[[tuple[Any, ...]], bool] | None, boundary: bool) -> None:
+        self.weight = weight
+        self.condition = condition
+        self.boundary = boundary
+
+
+def _blocking_socket(args: tuple[Any, ...]) -> bool:
+    sock = args[0] if args else None
+    try:
+        return sock.gettimeout() != 0.0  # type: ignore[union-attr]
+    except Exception:  # not a socket, or closed: let the call itself decide
+        return True
+
+
+_CONDITIONS: dict[str, Callable[[tuple[Any, ...]], bool]] = {"blocking_socket": _blocking_socket}
+
+# The hook's lookup: `dict.get` of a table compiled from the live rules, or of
+# an empty dict while detection is off. Rebinding one global is atomic, so a
+# hook running in another thread sees either the old table or the new one.
+_lookup: Callable[[str], _Rule | None] = {}.get
+
+
+def rebuild() -> None:
+    """Compile the hook's table from the live rules and the on/off switches."""
+    global _lookup
+    if not (_state.started and _state.active):
+        _lookup = {}.get
+        return
+    table: dict[str, _Rule] = {
+        event: _Rule(weight, _CONDITIONS.get(_rules.CONDITIONS.get(event, "always")), False)
+        for event, weight in _rules.live_weights().items()
+    }
+    for event in _LOOP_BOUNDARY_EVENTS:
+        table[event] = _Rule(0, None, True)
+    _lookup = table.get
+
+
+def audit_hook(event: str, args: tuple[Any, ...]) -> None:
+    # Hot path: keep the two early exits first and allocation-free.
+    rule = _lookup(event)
+    if rule is None:
+        return
+    loop = get_running_loop()
+    if loop is None:
+        if rule.boundary:
+            _on_loop_boundary()
+        return
+    if rule.boundary:
+        return
+    _record(event, args, rule, loop)
+
+
+class _ThreadState(threading.local):
+    busy = False  # inside the hook's slow path or a delivery: ignore events
+    group: StepGroup | None = None  # the step currently collecting events
+    base_id = 0  # id() and code of the frame that entered a C event loop
+    base_code: CodeType | None = None
+
+
+thread_state = _ThreadState()
+
+
+class Record:
+    """One intercepted call, kept raw: formatting waits until someone reads it."""
+
+    __slots__ = ("event", "args", "trace", "site", "time", "weight", "raised")
+
+    def __init__(
+        self,
+        event: str,
+        args: tuple[Any, ...],
+        trace: list[tuple[CodeType, int]],
+        site: tuple[CodeType, int] | None,
+        time: float,
+        weight: int,
+    ) -> None:
+        self.event = event
+        self.args = args
+        self.trace = trace
+        self.site = site
+        self.time = time
+        self.weight = weight
+        self.raised = False
+
+
+class StepGroup:
+    """The blocking calls of one step of one loop, delivered together."""
+
+    __slots__ = (
+        "loop", "key", "task", "thread_id", "thread_name", "context",
+        "records", "dropped", "score", "t_first", "t_end",
+    )
+
+    def __init__(self, loop: AbstractEventLoop, key: object, task: Task[Any] | None, now: float) -> None:
+        self.loop = loop
+        self.key = key
+        self.task = task
+        thread = threading.current_thread()
+        self.thread_id = thread.ident or 0
+        self.thread_name = thread.name
+        self.context: Context = copy_context()
+        self.records: list[Record] = []
+        self.dropped = 0
+        self.score = 0
+        self.t_first = now
+        self.t_end = 0.0
+
+
+# Groups scheduled for delivery and not yet delivered, by id. Whoever pops a
+# group (the loop's delivery callback, or the off-loop fallback when a loop
+# stopped first) delivers it; dict.pop is atomic, so it happens once.
+unclaimed: dict[int, StepGroup] = {}
+# Set by _delivery: (group) -> None, run on the loop thread after the step.
+flush_callback: Callable[[StepGroup], None] | None = None
+# Set by _delivery: hands groups whose loop stopped before their delivery
+# callback ran to the off-loop worker.
+orphan_handler: Callable[[list[StepGroup]], None] | None = None
+# Set by _delivery: builds the exception raised by raise_on_violations.
+make_violation: Callable[[StepGroup], BaseException] | None = None
+
+_internal_errors = 0
+
+
+def _record(event: str, args: tuple[Any, ...], rule: _Rule, loop: AbstractEventLoop) -> None:
+    state = thread_state
+    if state.busy:
+        return
+    condition = rule.condition
+    if condition is not None and not condition(args):
+        return
+    state.busy = True
+    try:
+        captured = _capture(event, args, rule.weight, loop, state)
+    except Exception:
+        captured = None
+        _internal_error()
+    finally:
+        state.busy = False
+    if (
+        captured is not None
+        and rule.weight > 0
+        and _state.raise_on_violations.get()
+        and captured[0].score >= _state.config.raise_min_score
+        and make_violation is not None
+    ):
+        group, record = captured
+        if record is not None:
+            record.raised = True
+        # Raised from the hook, the exception aborts the call before it runs
+        # and surfaces at the offending line, inside the offending task.
+        raise make_violation(group)
+
+
+def _internal_error() -> None:
+    # aiocop must never break the application: log the first few failures
+    # and carry on without the event.
+    global _internal_errors
+    _internal_errors += 1
+    if _internal_errors <= 3:
+        logger.exception("aiocop: internal error while recording a blocking call (ignored)")
+
+
+def _capture(
+    event: str, args: tuple[Any, ...], weight: int, loop: AbstractEventLoop, state: _ThreadState
+) -> tuple[StepGroup, Record | None] | None:
+    task = current_task(loop)
+    root: FrameType | None = None
+    if task is not None:
+        root = getattr(task.get_coro(), "cr_frame", None)
+    # 0: _capture, 1: _record, 2: audit_hook, 3: whoever raised the event.
+    frames, kinds = _walk_step(sys._getframe(3), event, root, state)
+    if not frames:
+        return None
+    if _is_allowed(event, args, frames, kinds):
+        return None
+
+    depth = _state.config.trace_depth
+    trace: list[tuple[CodeType, int]] = []
+    site: tuple[CodeType, int] | None = None
+    for frame, kind in zip(frames, kinds):
+        if len(trace) < depth:
+            trace.append((frame.f_code, frame.f_lineno))
+        elif site is not None:
+            break
+        if site is None and kind == Kind.USER:
+            site = (frame.f_code, frame.f_lineno)
+
+    now = perf_counter()
+    group = state.group
+    key: object = task if task is not None else frames[-1].f_code
+    if group is None or group.key is not key or group.loop is not loop or group.t_end:
+        if group is not None and not group.t_end:
+            group.t_end = now  # a new step began, so the previous one had ended
+        group = StepGroup(loop, key, task, now)
+        state.group = group
+        _schedule(group, loop)
+    record: Record | None = None
+    if len(group.records) < _state.config.max_events_per_step:
+        record = Record(event, _summarize(args), trace, site, now, weight)
+        group.records.append(record)
+    else:
+        group.dropped += 1
+    group.score += weight
+    return group, record
+
+
+def _walk_step(
+    frame: FrameType | None, event: str, root: FrameType | None, state: _ThreadState
+) -> tuple[list[FrameType], list[Kind]]:
+    """The frames of the current step, innermost first, without aiocop's.
+
+    Empty when the call was not made inside a step (the loop's own machinery),
+    was made inside the import system (reported as the `import` event), or
+    was made by a wrapper called from another wrapper (reported once, by the
+    outer one).
+    """
+    frames: list[FrameType] = []
+    kinds: list[Kind] = []
+    none: tuple[list[FrameType], list[Kind]] = ([], [])
+    file_kinds = _frames._file_kinds
+    base_id, base_code = state.base_id, state.base_code
+    while frame is not None:
+        code = frame.f_code
+        kind = file_kinds.get(code.co_filename)
+        if kind is None:
+            kind = _frames.classify(code.co_filename)
+        if kind == Kind.AIOCOP:
+            if frames and code.co_filename == _WRAPPERS_FILE:
+                return none  # nested inside an outer aiocop wrapper
+        else:
+            if kind == Kind.LOOP:
+                role = _frames.loop_role(code)
+                if role == "dispatch":
+                    break
+                if role == "core":
+                    return none
+            elif kind == Kind.IMPORTLIB and event != "import":
+                return none
+            if frame is not root and code is base_code and id(frame) == base_id:
+                break
+            frames.append(frame)
+            kinds.append(kind)
+            if frame is root or len(frames) >= _MAX_WALK:
+                break
+        frame = frame.f_back
+    return frames, kinds
+
+
+def _is_allowed(event: str, args: tuple[Any, ...], frames: list[FrameType], kinds: list[Kind]) -> bool:
+    for rule in _harmless_for(event):
+        if _harmless_matches(rule, args, frames[0], kinds[0]):
+            return True
+    rules = _allow.global_rules()
+    scoped = _allow.scoped_rules.get()
+    if scoped:
+        rules = (*rules, *scoped)
+    return any(rule.matches(event, frames) for rule in rules)
+
+
+_harmless_by_event: dict[str, tuple[_internals.HarmlessRule, ...]] = {}
+_harmless_any: tuple[_internals.HarmlessRule, ...] = tuple(r for r in _internals.HARMLESS if not r.event)
+
+
+def _harmless_for(event: str) -> tuple[_internals.HarmlessRule, ...]:
+    rules = _harmless_by_event.get(event)
+    if rules is None:
+        rules = tuple(r for r in _internals.HARMLESS if event in r.event) + _harmless_any
+        _harmless_by_event[event] = rules
+    return rules
+
+
+_STDLIB_MODULES: frozenset[str] = frozenset(getattr(sys, "stdlib_module_names", ()))
+
+
+def _harmless_matches(rule: _internals.HarmlessRule, args: tuple[Any, ...], caller: FrameType, kind: Kind) -> bool:
+    if rule.caller_internal and kind == Kind.USER:
+        return False
+    if rule.caller_functions and caller.f_code.co_name not in rule.caller_functions:
+        return False
+    if rule.caller_modules:
+        module = caller.f_globals.get("__name__")
+        if not isinstance(module, str) or not any(
+            module == m or module.startswith(m + ".") for m in rule.caller_modules
+        ):
+            return False
+    if rule.arg0_prefixes or rule.arg0_stdlib:
+        arg0 = args[0] if args else None
+        if not isinstance(arg0, str):
+            return False
+        if rule.arg0_prefixes and not arg0.startswith(rule.arg0_prefixes):
+            return False
+        if rule.arg0_stdlib and arg0.partition(".")[0] not in _STDLIB_MODULES:
+            return False
+    return True
+
+
+def _summarize(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    # Never keep a large buffer alive until delivery: keep its size instead.
+    for arg in args:
+        if isinstance(arg, _BUFFER_TYPES):
+            return tuple(BufferSummary(len(a)) if isinstance(a, _BUFFER_TYPES) else a for a in args)
+    return args
+
+
+class BufferSummary:
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"<{self.size} bytes>"
+
+
+def _schedule(group: StepGroup, loop: AbstractEventLoop) -> None:
+    unclaimed[id(group)] = group
+    if flush_callback is None:
+        return
+    try:
+        loop.call_soon(flush_callback, group, context=group.context)
+    except Exception:
+        # The loop refused (closing?): the off-loop fallback delivers it when
+        # the loop stops or the process exits.
+        logger.debug("aiocop: could not schedule delivery on %r", loop, exc_info=True)
+
+
+def _on_loop_boundary() -> None:
+    # A loop is starting or stopping on this thread (it is not the running
+    # loop yet, or any more). Remember the frame that called into the loop: for
+    # loops written in C it is the outer edge of every step. Then hand any
+    # group whose delivery callback may never run to the off-loop worker.
+    state = thread_state
+    frame = sys._getframe(2)
+    state.base_id = id(frame)
+    state.base_code = frame.f_code
+    state.group = None
+    ident = threading.get_ident()
+    orphans = [g for g in list(unclaimed.values()) if g.thread_id == ident]
+    if orphans and orphan_handler is not None and not state.busy:
+        state.busy = True
+        try:
+            orphan_handler(orphans)
+        except Exception:
+            _internal_error()
+        finally:
+            state.busy = False
+
+
+def claim(group: StepGroup) -> bool:
+    """Take the right to deliver `group`; true for exactly one caller."""
+    return unclaimed.pop(id(group), None) is not None
+
+
+def reset_current_step() -> None:
+    """Forget the blocking calls recorded so far in the current step of this thread."""
+    group = thread_state.group
+    if group is not None and not group.t_end:
+        group.records.clear()
+        group.dropped = 0
+        group.score = 0
+
+
+_installed = False
+
+
+def install() -> None:
+    """Add the audit hook once per process (audit hooks cannot be removed)."""
+    global _installed
+    if not _installed:
+        sys.addaudithook(audit_hook)
+        _installed = True

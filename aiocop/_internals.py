@@ -1,0 +1,108 @@
+"""Known event-loop machinery and known-harmless internals, as data.
+
+Two tables live here, both documented on the "Detected calls" docs page:
+
+* `LOOP_FRAMES`: functions of Python-level event loops that mark the edge of a
+  step. A walk up the stack from a blocking call stops at a *dispatch* frame
+  (the loop calling a callback or task step: the call was inside a step) and
+  gives up at a *core* frame (the loop's own iteration, outside any step).
+* `HARMLESS`: blocking calls that loops, the stdlib and test tooling make on
+  their own, which the user cannot change and which are not reported by
+  default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+LoopFrameRole = Literal["dispatch", "core"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoopFrame:
+    """A function of an event loop written in Python that bounds steps."""
+
+    package: str
+    file: str
+    function: str
+    role: LoopFrameRole
+
+
+LOOP_FRAMES: tuple[LoopFrame, ...] = (
+    LoopFrame("asyncio", "events.py", "_run", "dispatch"),
+    LoopFrame("asyncio", "base_events.py", "_run_once", "core"),
+    LoopFrame("rloop", "loop.py", "run_forever", "dispatch"),
+    LoopFrame("veloxloop", "__init__.py", "run_forever", "dispatch"),
+)
+
+# Packages whose frames are "loop internals": never the user's line.
+LOOP_PACKAGES: tuple[str, ...] = ("asyncio", "uvloop", "winloop", "rloop", "veloxloop", "granian")
+
+
+@dataclass(frozen=True, slots=True)
+class HarmlessRule:
+    """A blocking call made by internals, not reported by default.
+
+    A rule matches an event when every field that is set matches:
+
+    * `event`: the event name (a tuple means any of them);
+    * `caller_modules`: the module of the *caller* (the innermost frame outside
+      aiocop) is one of these or a submodule of one;
+    * `caller_internal`: the caller belongs to the stdlib or an event loop;
+    * `caller_functions`: the caller's function name is one of these;
+    * `arg0_prefixes`: the event's first argument is a string with one of
+      these prefixes;
+    * `arg0_stdlib`: the first argument names a stdlib module.
+    """
+
+    event: tuple[str, ...]
+    reason: str
+    caller_modules: tuple[str, ...] = ()
+    caller_internal: bool = False
+    caller_functions: tuple[str, ...] = ()
+    arg0_prefixes: tuple[str, ...] = ()
+    arg0_stdlib: bool = False
+
+
+HARMLESS: tuple[HarmlessRule, ...] = (
+    HarmlessRule(
+        event=("import",),
+        arg0_prefixes=("encodings.",),
+        reason="codec look-up lazily imports an `encodings` module (e.g. `idna` for host names)",
+    ),
+    HarmlessRule(
+        event=("import",),
+        caller_internal=True,
+        arg0_stdlib=True,
+        reason="a stdlib module imported lazily by the stdlib or an event loop (e.g. "
+        "`concurrent.futures.thread` on the first `run_in_executor`)",
+    ),
+    HarmlessRule(
+        event=("socket.bind",),
+        caller_modules=("asyncio", "uvloop", "winloop", "rloop", "veloxloop"),
+        caller_functions=("create_server", "start_server", "_start_serving", "create_datagram_endpoint"),
+        reason="an event loop binding its listening socket inside `create_server`/`start_server`",
+    ),
+    HarmlessRule(
+        event=("os.read", "os.write"),
+        caller_modules=("subprocess",),
+        reason="`subprocess` reading its error pipe: already reported as `subprocess.Popen`",
+    ),
+    HarmlessRule(
+        event=("threading.Lock.acquire", "threading.Condition.wait"),
+        caller_modules=("asyncio", "concurrent.futures", "queue"),
+        reason="the brief synchronisation between a loop and its executor's worker threads",
+    ),
+    HarmlessRule(
+        event=("threading.Event.wait", "threading.Lock.acquire"),
+        caller_modules=("threading",),
+        caller_functions=("start",),
+        reason="`Thread.start()` waiting for the new thread to begin (e.g. an executor growing)",
+    ),
+    HarmlessRule(
+        event=(),
+        caller_modules=("_pytest", "pluggy", "coverage", "pytest_asyncio"),
+        reason="pytest, pluggy, pytest-asyncio and coverage.py internals",
+    ),
+)

@@ -1,0 +1,164 @@
+"""What counts as a blocking call, and how much it weighs: the rules table.
+
+Every entry is an audit event name. *Native* events are raised by CPython
+itself; *wrapper* events are raised by aiocop's thin wrappers
+(`patch_audit_functions`) around stdlib calls that have no event of their own.
+The docs page "Detected calls" is generated from `BLOCKING_CALLS`.
+
+The live table (`_weights`) starts as a copy of the defaults and can be
+changed at run time with `register_blocking_event` / `unregister_blocking_event`;
+the audit hook sees a change at once.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Literal
+
+from aiocop._severity import WEIGHT_HEAVY, WEIGHT_LIGHT, WEIGHT_MODERATE, WEIGHT_TRIVIAL
+
+Source = Literal["native", "wrapper"]
+Condition = Literal["always", "blocking_socket"]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockingCall:
+    """One detected call: the audit event, its weight and where it comes from."""
+
+    event: str
+    weight: int
+    category: str
+    source: Source
+    description: str
+    condition: Condition = "always"
+    """`"blocking_socket"`: only when the socket (first argument) is in blocking mode."""
+
+
+_NATIVE_SLEEP = sys.version_info >= (3, 13)
+
+H, M, L, T = WEIGHT_HEAVY, WEIGHT_MODERATE, WEIGHT_LIGHT, WEIGHT_TRIVIAL
+
+BLOCKING_CALLS: tuple[BlockingCall, ...] = (
+    # --- sleeping and waiting ---
+    BlockingCall("time.sleep", H, "sleep", "native" if _NATIVE_SLEEP else "wrapper",
+                 "time.sleep() with a positive delay"),
+    BlockingCall("select.select", H, "wait", "wrapper", "select.select() with a non-zero timeout"),
+    BlockingCall("select.poll", H, "wait", "wrapper", "select.poll().poll() with a non-zero timeout"),
+    BlockingCall("threading.Lock.acquire", H, "wait", "wrapper",
+                 "acquiring a threading.Lock or RLock held by another thread (acquire() or `with`)"),
+    BlockingCall("threading.Event.wait", H, "wait", "wrapper", "Event.wait() on an event that is not set"),
+    BlockingCall("threading.Condition.wait", H, "wait", "wrapper", "Condition.wait() with a non-zero timeout"),
+    BlockingCall("queue.Queue.get", H, "wait", "wrapper", "a blocking Queue.get() on an empty queue"),
+    BlockingCall("queue.Queue.put", H, "wait", "wrapper", "a blocking Queue.put() on a full queue"),
+    # --- DNS ---
+    BlockingCall("socket.getaddrinfo", H, "dns", "native", "socket.getaddrinfo()"),
+    BlockingCall("socket.getnameinfo", H, "dns", "native", "socket.getnameinfo()"),
+    BlockingCall("socket.gethostbyname", H, "dns", "native", "socket.gethostbyname() and gethostbyname_ex()"),
+    BlockingCall("socket.gethostbyaddr", H, "dns", "native", "socket.gethostbyaddr()"),
+    # --- sockets (blocking mode only) ---
+    BlockingCall("socket.connect", H, "network", "native",
+                 "connect()/connect_ex() on a blocking socket", "blocking_socket"),
+    BlockingCall("socket.sendto", M, "network", "native", "sendto() on a blocking socket", "blocking_socket"),
+    BlockingCall("socket.sendmsg", M, "network", "native", "sendmsg() on a blocking socket", "blocking_socket"),
+    BlockingCall("socket.socket.accept", H, "network", "wrapper", "accept() on a blocking socket"),
+    BlockingCall("socket.socket.send", M, "network", "wrapper", "send() on a blocking socket"),
+    BlockingCall("socket.socket.sendall", M, "network", "wrapper", "sendall() on a blocking socket"),
+    BlockingCall("socket.socket.recv", M, "network", "wrapper", "recv() on a blocking socket"),
+    BlockingCall("socket.socket.recv_into", M, "network", "wrapper", "recv_into() on a blocking socket"),
+    BlockingCall("socket.socket.recvfrom", M, "network", "wrapper", "recvfrom() on a blocking socket"),
+    BlockingCall("socket.socket.recvfrom_into", M, "network", "wrapper", "recvfrom_into() on a blocking socket"),
+    BlockingCall("socket.socket.recvmsg", M, "network", "wrapper", "recvmsg() on a blocking socket"),
+    BlockingCall("ssl.SSLSocket.read", M, "network", "wrapper",
+                 "reading a blocking SSL socket (read/recv/recv_into)"),
+    BlockingCall("ssl.SSLSocket.write", M, "network", "wrapper",
+                 "writing a blocking SSL socket (write/send/sendall)"),
+    BlockingCall("http.client.connect", H, "network", "native", "http.client connection"),
+    BlockingCall("urllib.Request", H, "network", "native", "urllib.request.urlopen()"),
+    BlockingCall("ftplib.connect", H, "network", "native", "ftplib connection"),
+    BlockingCall("smtplib.connect", H, "network", "native", "smtplib connection"),
+    BlockingCall("poplib.connect", H, "network", "native", "poplib connection"),
+    BlockingCall("imaplib.open", H, "network", "native", "imaplib connection"),
+    BlockingCall("nntplib.connect", H, "network", "native", "nntplib connection"),
+    # --- files and descriptors ---
+    BlockingCall("open", M, "file", "native", "open(), io.open(), os.open(), Path.open()"),
+    BlockingCall("os.read", M, "file", "wrapper", "os.read() on a blocking file descriptor"),
+    BlockingCall("os.write", M, "file", "wrapper", "os.write() on a blocking file descriptor"),
+    BlockingCall("os.sendfile", M, "file", "wrapper", "os.sendfile()"),
+    BlockingCall("tempfile.mkstemp", M, "file", "native", "tempfile.mkstemp() and friends"),
+    BlockingCall("tempfile.mkdtemp", M, "file", "native", "tempfile.mkdtemp()"),
+    BlockingCall("fcntl.flock", L, "file", "native", "fcntl.flock()"),
+    BlockingCall("fcntl.lockf", L, "file", "native", "fcntl.lockf()"),
+    # --- metadata ---
+    BlockingCall("os.stat", L, "metadata", "wrapper",
+                 "os.stat() and the os.path helpers built on it (exists, isfile, getsize, ...)"),
+    BlockingCall("os.lstat", L, "metadata", "wrapper", "os.lstat(), os.path.islink(), os.path.lexists()"),
+    BlockingCall("os.access", L, "metadata", "wrapper", "os.access()"),
+    BlockingCall("os.statvfs", L, "metadata", "wrapper", "os.statvfs()"),
+    BlockingCall("os.readlink", L, "metadata", "wrapper", "os.readlink()"),
+    BlockingCall("os.getcwd", T, "metadata", "wrapper", "os.getcwd() (reported, weighs nothing)"),
+    # --- directories ---
+    BlockingCall("os.listdir", M, "directory", "native", "os.listdir()"),
+    BlockingCall("os.scandir", M, "directory", "native", "os.scandir()"),
+    BlockingCall("os.walk", H, "directory", "native", "os.walk()"),
+    BlockingCall("os.fwalk", H, "directory", "native", "os.fwalk()"),
+    BlockingCall("glob.glob", H, "directory", "native", "glob.glob() and glob.iglob()"),
+    BlockingCall("pathlib.Path.glob", H, "directory", "native", "Path.glob()"),
+    BlockingCall("pathlib.Path.rglob", H, "directory", "native", "Path.rglob()"),
+    # --- file-system mutations ---
+    BlockingCall("os.mkdir", M, "mutation", "native", "os.mkdir(), os.makedirs()"),
+    BlockingCall("os.rmdir", M, "mutation", "native", "os.rmdir()"),
+    BlockingCall("os.remove", M, "mutation", "native", "os.remove(), os.unlink()"),
+    BlockingCall("os.rename", M, "mutation", "native", "os.rename(), os.replace()"),
+    BlockingCall("os.link", M, "mutation", "native", "os.link()"),
+    BlockingCall("os.symlink", M, "mutation", "native", "os.symlink()"),
+    BlockingCall("os.truncate", M, "mutation", "native", "os.truncate()"),
+    BlockingCall("os.chmod", L, "mutation", "native", "os.chmod()"),
+    BlockingCall("os.chown", L, "mutation", "native", "os.chown()"),
+    BlockingCall("os.utime", L, "mutation", "native", "os.utime()"),
+    BlockingCall("shutil.copyfile", M, "mutation", "native", "shutil.copyfile()"),
+    BlockingCall("shutil.copymode", M, "mutation", "native", "shutil.copymode()"),
+    BlockingCall("shutil.copystat", M, "mutation", "native", "shutil.copystat()"),
+    BlockingCall("shutil.move", M, "mutation", "native", "shutil.move()"),
+    BlockingCall("shutil.copytree", H, "mutation", "native", "shutil.copytree()"),
+    BlockingCall("shutil.rmtree", H, "mutation", "native", "shutil.rmtree()"),
+    BlockingCall("shutil.make_archive", H, "mutation", "native", "shutil.make_archive()"),
+    BlockingCall("shutil.unpack_archive", H, "mutation", "native", "shutil.unpack_archive()"),
+    # --- processes ---
+    BlockingCall("subprocess.Popen", H, "process", "native", "subprocess.run(), Popen(), check_output(), ..."),
+    BlockingCall("os.system", H, "process", "native", "os.system()"),
+    BlockingCall("os.spawn", H, "process", "native", "os.spawn*()"),
+    BlockingCall("os.posix_spawn", H, "process", "native", "os.posix_spawn()"),
+    BlockingCall("os.exec", H, "process", "native", "os.exec*()"),
+    BlockingCall("os.fork", H, "process", "native", "os.fork()"),
+    BlockingCall("os.kill", L, "process", "native", "os.kill()"),
+    # --- databases ---
+    BlockingCall("sqlite3.connect", M, "database", "native", "sqlite3.connect()"),
+    # --- miscellaneous ---
+    BlockingCall("builtins.input", H, "misc", "native", "input()"),
+    BlockingCall("import", H, "misc", "native",
+                 "an import statement that loads a module (not one already in sys.modules)"),
+    BlockingCall("syslog.syslog", L, "misc", "native", "syslog.syslog()"),
+    BlockingCall("syslog.openlog", L, "misc", "native", "syslog.openlog()"),
+    BlockingCall("webbrowser.open", H, "misc", "native", "webbrowser.open()"),
+)
+
+del H, M, L, T
+
+DEFAULT_WEIGHTS: dict[str, int] = {call.event: call.weight for call in BLOCKING_CALLS}
+CONDITIONS: dict[str, Condition] = {
+    call.event: call.condition for call in BLOCKING_CALLS if call.condition != "always"
+}
+
+# The live table. Mutated in place (never rebound) so that every reader holds
+# the same dict; the hook compiles its own lookup from it (see _hook.rebuild).
+_weights: dict[str, int] = dict(DEFAULT_WEIGHTS)
+
+
+def live_weights() -> dict[str, int]:
+    return _weights
+
+
+def get_blocking_events_dict() -> dict[str, int]:
+    """Return a copy of the table of detected events and their weights."""
+    return dict(_weights)

@@ -1,0 +1,121 @@
+"""Shared fixtures: every supported event loop, and a clean detector per test."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import threading
+import warnings
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
+
+import pytest
+
+import aiocop
+from aiocop import _hook
+
+LOOP_NAMES = ("asyncio", "uvloop", "winloop", "rloop", "veloxloop")
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    if name == "asyncio":
+        return asyncio.new_event_loop
+    module = importlib.import_module(name)
+    return module.new_event_loop  # type: ignore[no-any-return]
+
+
+def _loop_param(name: str) -> Any:
+    if name == "asyncio":
+        return pytest.param(name, id=name)
+    try:
+        importlib.import_module(name)
+    except ImportError as exc:  # shown in the -ra summary, never silent
+        return pytest.param(name, id=name, marks=pytest.mark.skip(reason=f"{name} not installable here: {exc}"))
+    return pytest.param(name, id=name)
+
+
+@pytest.fixture(params=[_loop_param(n) for n in LOOP_NAMES])
+def loop_name(request: pytest.FixtureRequest) -> str:
+    return request.param  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def quiet_rloop(loop_name: str) -> Iterator[None]:
+    """rloop 0.5 drops its self-pipe socketpair at the end of every
+    run_until_complete() without closing it; that ResourceWarning is rloop's,
+    not the code under test's. (Warning filters are process-wide: use this in
+    the main thread around any thread that runs an rloop loop.)"""
+    with warnings.catch_warnings():
+        if loop_name == "rloop":
+            warnings.simplefilter("ignore", ResourceWarning)
+        yield
+
+
+def run_on(loop_name: str, coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine on a new loop of the given kind, created now, then close it."""
+    in_main = threading.current_thread() is threading.main_thread()
+    with quiet_rloop(loop_name) if in_main else contextlib.nullcontext():
+        loop = loop_factory(loop_name)()
+        try:
+            return loop.run_until_complete(coro)
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+
+def run_in_thread(loop_name: str, coro_fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    result: list[Any] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(run_on(loop_name, coro_fn()))
+        except BaseException as exc:
+            errors.append(exc)
+
+    with quiet_rloop(loop_name):
+        thread = threading.Thread(target=target, name="loop-thread")
+        thread.start()
+        thread.join(30)
+    if errors:
+        raise errors[0]
+    return result[0] if result else None
+
+
+class Collector:
+    """The SlowTaskEvents delivered to a callback during a test."""
+
+    def __init__(self) -> None:
+        self.events: list[aiocop.SlowTaskEvent] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, event: aiocop.SlowTaskEvent) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    @property
+    def calls(self) -> list[aiocop.BlockingEventInfo]:
+        return [call for event in self.events for call in event.blocking_events]
+
+    def names(self) -> list[str]:
+        return [call["name"] for call in self.calls]
+
+
+@pytest.fixture
+def detector() -> Iterator[Collector]:
+    """Detection installed before any loop of the test exists; torn down after."""
+    collector = Collector()
+    aiocop.start_blocking_io_detection(trace_depth=20)
+    aiocop.register_slow_task_callback(collector)
+    try:
+        yield collector
+    finally:
+        aiocop.stop()
+        aiocop.clear_slow_task_callbacks()
+        aiocop.clear_context_providers()
+        aiocop.clear_allow_rules()
+        aiocop.reset_blocking_event_table()
+        aiocop.disable_raise_on_violations()
+        aiocop.activate()
+        assert not _hook.unclaimed, "every recorded step was delivered"

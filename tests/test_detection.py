@@ -1,0 +1,150 @@
+"""Blocking calls are reported at the caller's line, on every loop and in every context."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from tests.blocking_calls import CASES, Case, do_bound_sleep
+from tests.conftest import Collector, quiet_rloop, run_in_thread, run_on
+
+LOOP_MODULES = {"asyncio": "asyncio.", "uvloop": "uvloop.", "winloop": "winloop.", "rloop": "rloop.",
+                "veloxloop": "veloxloop"}
+CASE_PARAMS = [pytest.param(case, id=case.name) for case in CASES]
+
+
+def assert_reported_once(detector: Collector, case: Case) -> None:
+    matching = [c for c in detector.calls if c["name"] == case.event]
+    assert len(matching) == 1, f"{case.event} reported {len(matching)} times: {detector.names()}"
+    assert matching[0]["entry_point"].endswith(case.site), matching[0]
+    assert matching[0]["trace"].startswith(case.site) or case.site in matching[0]["trace"]
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+def test_in_task(detector: Collector, loop_name: str, case: Case) -> None:
+    async def main() -> None:
+        case.func()
+
+    run_on(loop_name, main())
+    assert_reported_once(detector, case)
+    event = next(e for e in detector.events if any(c["name"] == case.event for c in e.blocking_events))
+    assert event.reason == "io_blocking"
+    assert event.task_name is not None
+    assert event.loop.startswith(LOOP_MODULES[loop_name])
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+def test_in_call_later_callback(detector: Collector, loop_name: str, case: Case) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def callback() -> None:
+            case.func()
+            done.set_result(None)
+
+        loop.call_later(0.001, callback)
+        await done
+
+    run_on(loop_name, main())
+    assert_reported_once(detector, case)
+    event = next(e for e in detector.events if any(c["name"] == case.event for c in e.blocking_events))
+    assert event.task_name is None  # a plain callback, not a task
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+def test_in_protocol_data_received(detector: Collector, loop_name: str, case: Case) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        class Server(asyncio.Protocol):
+            def data_received(self, data: bytes) -> None:
+                case.func()
+                done.set_result(data)
+
+        server = await loop.create_server(Server, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        transport, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
+        transport.write(b"ping")
+        await asyncio.wait_for(done, 10)
+        transport.close()
+        server.close()
+        await server.wait_closed()
+
+    run_on(loop_name, main())
+    assert_reported_once(detector, case)
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+def test_in_loop_of_non_main_thread(detector: Collector, loop_name: str, case: Case) -> None:
+    async def main() -> None:
+        case.func()
+
+    run_in_thread(loop_name, main)
+    assert_reported_once(detector, case)
+    assert detector.events[0].thread_name == "loop-thread"
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+def test_in_second_run(detector: Collector, loop_name: str, case: Case) -> None:
+    async def main() -> None:
+        case.func()
+
+    run_on(loop_name, main())
+    run_on(loop_name, main())
+    matching = [c for c in detector.calls if c["name"] == case.event]
+    assert len(matching) == 2
+    assert all(c["entry_point"].endswith(case.site) for c in matching)
+
+
+def test_second_asyncio_run(detector: Collector) -> None:
+    async def main() -> None:
+        CASES[0].func()
+
+    asyncio.run(main())
+    asyncio.run(main())
+    assert detector.names() == ["time.sleep", "time.sleep"]
+
+
+def test_several_loops_in_several_threads_at_once(detector: Collector, loop_name: str) -> None:
+    import threading
+
+    barrier = threading.Barrier(3)
+
+    async def main() -> None:
+        await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
+        CASES[2].func()  # os.stat
+        await asyncio.sleep(0)
+        CASES[0].func()  # time.sleep
+
+    threads = [threading.Thread(target=run_on, args=(loop_name, main()), name=f"t{i}") for i in range(3)]
+    with quiet_rloop(loop_name):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert sorted(detector.names()) == ["os.stat"] * 3 + ["time.sleep"] * 3
+    assert {e.thread_name for e in detector.events} == {"t0", "t1", "t2"}
+
+
+@pytest.mark.skipif(sys.version_info < (3, 13), reason="time.sleep has a native audit event from 3.13")
+def test_sleep_bound_before_setup_is_caught_by_native_event(detector: Collector, loop_name: str) -> None:
+    async def main() -> None:
+        do_bound_sleep()
+
+    run_on(loop_name, main())
+    assert [c["entry_point"].split(":")[1] for c in detector.calls if c["name"] == "time.sleep"]
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="before 3.13 only the wrapper sees time.sleep")
+def test_sleep_bound_before_setup_is_invisible_to_interception(detector: Collector, loop_name: str) -> None:
+    # `from time import sleep` taken before patching holds the original
+    # function: interception cannot see it (the stall watchdog can).
+    async def main() -> None:
+        do_bound_sleep()
+
+    run_on(loop_name, main())
+    assert "time.sleep" not in detector.names()
