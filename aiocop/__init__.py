@@ -10,7 +10,14 @@ aiocop.detect_slow_tasks(threshold_ms=30, on_slow_task=print)
 
 from __future__ import annotations
 
-from aiocop._allow import AllowRule, add_allow_rule, allow_blocking, clear_allow_rules, get_allow_rules, remove_allow_rule
+from aiocop._allow import (
+    AllowRule,
+    add_allow_rule,
+    allow_blocking,
+    clear_allow_rules,
+    get_allow_rules,
+    remove_allow_rule,
+)
 from aiocop._api import (
     activate,
     deactivate,

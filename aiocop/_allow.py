@@ -8,13 +8,16 @@ decorator whose rules follow the context into tasks created inside it).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from types import FrameType
+from typing import TYPE_CHECKING
 
 from aiocop._rules import live_weights
 from aiocop._scope import ContextVarScope
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import FrameType
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import logging
-from numbers import Real
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 from aiocop import _callbacks, _delivery, _hook, _rules, _state, _wrappers
-from aiocop._callbacks import SlowTaskCallback
 from aiocop._scope import ContextVarScope
 from aiocop._severity import level_threshold
 from aiocop._state import Delivery
+
+if TYPE_CHECKING:
+    from aiocop._callbacks import SlowTaskCallback
 
 logger = logging.getLogger("aiocop")
 
@@ -24,9 +25,9 @@ def _check_int(name: str, value: object, minimum: int) -> int:
 
 
 def _check_ms(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of milliseconds, not {type(value).__name__}: {value!r}")
-    if not value > 0:
+    if not value > 0:  # also rejects NaN
         raise ValueError(f"{name} must be > 0, not {value!r}")
     return float(value)
 

@@ -15,14 +15,16 @@ import time
 from dataclasses import replace
 from queue import SimpleQueue
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiocop import _callbacks, _hook, _state
 from aiocop._events import BlockingEventInfo, RawBlockingEvent, SlowTaskEvent
 from aiocop._exceptions import HighSeverityBlockingIoException
 from aiocop._frames import format_frame
-from aiocop._hook import Record, StepGroup
 from aiocop._severity import calculate_io_severity_score, get_severity_level_from_score
+
+if TYPE_CHECKING:
+    from aiocop._hook import Record, StepGroup
 
 _MAX_ARG_CHARS = 100
 
@@ -38,8 +40,9 @@ def _format_args(args: tuple[Any, ...]) -> str:
     return ", ".join(parts)
 
 
-def _info(event: str, args_text: str, frames: list[tuple[str, int, str]], site: str | None,
-          severity: int | None) -> BlockingEventInfo:
+def _info(
+    event: str, args_text: str, frames: list[tuple[str, int, str]], site: str | None, severity: int | None
+) -> BlockingEventInfo:
     formatted = [format_frame(f) for f in frames]
     return {
         "event": f"{event}({args_text})",

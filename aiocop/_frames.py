@@ -9,9 +9,12 @@ from __future__ import annotations
 import os
 import sysconfig
 from enum import IntEnum
-from types import CodeType
+from typing import TYPE_CHECKING
 
 from aiocop._internals import LOOP_FRAMES, LOOP_PACKAGES, LoopFrameRole
+
+if TYPE_CHECKING:
+    from types import CodeType
 
 
 class Kind(IntEnum):
@@ -58,8 +61,7 @@ def _classify(filename: str) -> Kind:
     if filename.startswith("<frozen "):
         return Kind.STDLIB
     if any(marker in filename for marker in _LOOP_MARKERS):
-        roles = {f.function: f.role for f in LOOP_FRAMES
-                 if filename.endswith(os.sep + f.package + os.sep + f.file)}
+        roles = {f.function: f.role for f in LOOP_FRAMES if filename.endswith(os.sep + f.package + os.sep + f.file)}
         if roles:
             _loop_roles[filename] = roles
         return Kind.LOOP
@@ -89,9 +91,9 @@ def short_path(filename: str) -> str:
             return filename.split(marker, 1)[1]
     for prefix in _STDLIB_DIRS:
         if filename.startswith(prefix):
-            return filename[len(prefix):]
+            return filename[len(prefix) :]
     if filename.startswith(_CWD):
-        return filename[len(_CWD):]
+        return filename[len(_CWD) :]
     return filename
 
 

@@ -22,14 +22,16 @@ import sys
 import threading
 from asyncio import AbstractEventLoop, Task, current_task
 from asyncio import _get_running_loop as get_running_loop
-from collections.abc import Callable
 from contextvars import Context, copy_context
 from time import perf_counter
-from types import CodeType, FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiocop import _allow, _frames, _internals, _rules, _state
 from aiocop._frames import Kind
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import CodeType, FrameType
 
 logger = logging.getLogger("aiocop")
 
@@ -41,7 +43,7 @@ _LOOP_BOUNDARY_EVENTS = ("sys.set_asyncgen_hook_firstiter",)
 
 
 class _Rule:
-    __slots__ = ("weight", "condition", "boundary")
+    __slots__ = ("boundary", "condition", "weight")
 
     def __init__(self, weight: int, condition: Callable[[tuple[Any, ...]], bool] | None, boundary: bool) -> None:
         self.weight = weight
@@ -50,9 +52,9 @@ class _Rule:
 
 
 def _blocking_socket(args: tuple[Any, ...]) -> bool:
-    sock = args[0] if args else None
+    sock: Any = args[0] if args else None
     try:
-        return sock.gettimeout() != 0.0  # type: ignore[union-attr]
+        return bool(sock.gettimeout() != 0.0)
     except Exception:  # not a socket, or closed: let the call itself decide
         return True
 
@@ -62,14 +64,15 @@ _CONDITIONS: dict[str, Callable[[tuple[Any, ...]], bool]] = {"blocking_socket": 
 # The hook's lookup: `dict.get` of a table compiled from the live rules, or of
 # an empty dict while detection is off. Rebinding one global is atomic, so a
 # hook running in another thread sees either the old table or the new one.
-_lookup: Callable[[str], _Rule | None] = {}.get
+_NO_RULES: dict[str, _Rule] = {}
+_lookup: Callable[[str], _Rule | None] = _NO_RULES.get
 
 
 def rebuild() -> None:
     """Compile the hook's table from the live rules and the on/off switches."""
     global _lookup
     if not (_state.started and _state.active):
-        _lookup = {}.get
+        _lookup = _NO_RULES.get
         return
     table: dict[str, _Rule] = {
         event: _Rule(weight, _CONDITIONS.get(_rules.CONDITIONS.get(event, "always")), False)
@@ -108,7 +111,7 @@ thread_state = _ThreadState()
 class Record:
     """One intercepted call, kept raw: formatting waits until someone reads it."""
 
-    __slots__ = ("event", "args", "trace", "site", "time", "weight", "raised")
+    __slots__ = ("args", "event", "raised", "site", "time", "trace", "weight")
 
     def __init__(
         self,
@@ -132,8 +135,17 @@ class StepGroup:
     """The blocking calls of one step of one loop, delivered together."""
 
     __slots__ = (
-        "loop", "key", "task", "thread_id", "thread_name", "context",
-        "records", "dropped", "score", "t_first", "t_end",
+        "context",
+        "dropped",
+        "key",
+        "loop",
+        "records",
+        "score",
+        "t_end",
+        "t_first",
+        "task",
+        "thread_id",
+        "thread_name",
     )
 
     def __init__(self, loop: AbstractEventLoop, key: object, task: Task[Any] | None, now: float) -> None:
@@ -222,7 +234,7 @@ def _capture(
     depth = _state.config.trace_depth
     trace: list[tuple[CodeType, int]] = []
     site: tuple[CodeType, int] | None = None
-    for frame, kind in zip(frames, kinds):
+    for frame, kind in zip(frames, kinds, strict=True):
         if len(trace) < depth:
             trace.append((frame.f_code, frame.f_lineno))
         elif site is not None:
@@ -293,7 +305,9 @@ def _walk_step(
 
 def _is_allowed(event: str, args: tuple[Any, ...], frames: list[FrameType], kinds: list[Kind]) -> bool:
     for rule in _harmless_for(event):
-        if _harmless_matches(rule, args, frames[0], kinds[0]):
+        if _harmless_matches(rule, args, frames[0], kinds[0]) and (
+            not rule.inside_modules or _inside(rule.inside_modules, frames, kinds)
+        ):
             return True
     rules = _allow.global_rules()
     scoped = _allow.scoped_rules.get()
@@ -314,6 +328,20 @@ def _harmless_for(event: str) -> tuple[_internals.HarmlessRule, ...]:
     return rules
 
 
+def _module_in(frame: FrameType, modules: tuple[str, ...]) -> bool:
+    name = frame.f_globals.get("__name__")
+    return isinstance(name, str) and any(name == m or name.startswith(m + ".") for m in modules)
+
+
+def _inside(modules: tuple[str, ...], frames: list[FrameType], kinds: list[Kind]) -> bool:
+    for frame, kind in zip(frames, kinds, strict=True):
+        if kind == Kind.USER:
+            return False
+        if _module_in(frame, modules):
+            return True
+    return False
+
+
 _STDLIB_MODULES: frozenset[str] = frozenset(getattr(sys, "stdlib_module_names", ()))
 
 
@@ -322,12 +350,8 @@ def _harmless_matches(rule: _internals.HarmlessRule, args: tuple[Any, ...], call
         return False
     if rule.caller_functions and caller.f_code.co_name not in rule.caller_functions:
         return False
-    if rule.caller_modules:
-        module = caller.f_globals.get("__name__")
-        if not isinstance(module, str) or not any(
-            module == m or module.startswith(m + ".") for m in rule.caller_modules
-        ):
-            return False
+    if rule.caller_modules and not _module_in(caller, rule.caller_modules):
+        return False
     if rule.arg0_prefixes or rule.arg0_stdlib:
         arg0 = args[0] if args else None
         if not isinstance(arg0, str):

@@ -51,6 +51,8 @@ class HarmlessRule:
       aiocop) is one of these or a submodule of one;
     * `caller_internal`: the caller belongs to the stdlib or an event loop;
     * `caller_functions`: the caller's function name is one of these;
+    * `inside_modules`: the call was made by one of these modules, directly or
+      through other stdlib or loop code (any frame below the user's);
     * `arg0_prefixes`: the event's first argument is a string with one of
       these prefixes;
     * `arg0_stdlib`: the first argument names a stdlib module.
@@ -61,6 +63,7 @@ class HarmlessRule:
     caller_modules: tuple[str, ...] = ()
     caller_internal: bool = False
     caller_functions: tuple[str, ...] = ()
+    inside_modules: tuple[str, ...] = ()
     arg0_prefixes: tuple[str, ...] = ()
     arg0_stdlib: bool = False
 
@@ -85,9 +88,18 @@ HARMLESS: tuple[HarmlessRule, ...] = (
         reason="an event loop binding its listening socket inside `create_server`/`start_server`",
     ),
     HarmlessRule(
-        event=("os.read", "os.write"),
-        caller_modules=("subprocess",),
-        reason="`subprocess` reading its error pipe: already reported as `subprocess.Popen`",
+        event=(
+            "open",
+            "os.read",
+            "os.write",
+            "select.poll",
+            "select.select",
+            "threading.Lock.acquire",
+            "threading.Condition.wait",
+            "threading.Event.wait",
+        ),
+        inside_modules=("subprocess",),
+        reason="the pipes and waits of `subprocess.run()`/`communicate()`: already reported as `subprocess.Popen`",
     ),
     HarmlessRule(
         event=("threading.Lock.acquire", "threading.Condition.wait"),

@@ -41,12 +41,18 @@ H, M, L, T = WEIGHT_HEAVY, WEIGHT_MODERATE, WEIGHT_LIGHT, WEIGHT_TRIVIAL
 
 BLOCKING_CALLS: tuple[BlockingCall, ...] = (
     # --- sleeping and waiting ---
-    BlockingCall("time.sleep", H, "sleep", "native" if _NATIVE_SLEEP else "wrapper",
-                 "time.sleep() with a positive delay"),
+    BlockingCall(
+        "time.sleep", H, "sleep", "native" if _NATIVE_SLEEP else "wrapper", "time.sleep() with a positive delay"
+    ),
     BlockingCall("select.select", H, "wait", "wrapper", "select.select() with a non-zero timeout"),
     BlockingCall("select.poll", H, "wait", "wrapper", "select.poll().poll() with a non-zero timeout"),
-    BlockingCall("threading.Lock.acquire", H, "wait", "wrapper",
-                 "acquiring a threading.Lock or RLock held by another thread (acquire() or `with`)"),
+    BlockingCall(
+        "threading.Lock.acquire",
+        H,
+        "wait",
+        "wrapper",
+        "acquiring a threading.Lock or RLock held by another thread (acquire() or `with`)",
+    ),
     BlockingCall("threading.Event.wait", H, "wait", "wrapper", "Event.wait() on an event that is not set"),
     BlockingCall("threading.Condition.wait", H, "wait", "wrapper", "Condition.wait() with a non-zero timeout"),
     BlockingCall("queue.Queue.get", H, "wait", "wrapper", "a blocking Queue.get() on an empty queue"),
@@ -57,8 +63,9 @@ BLOCKING_CALLS: tuple[BlockingCall, ...] = (
     BlockingCall("socket.gethostbyname", H, "dns", "native", "socket.gethostbyname() and gethostbyname_ex()"),
     BlockingCall("socket.gethostbyaddr", H, "dns", "native", "socket.gethostbyaddr()"),
     # --- sockets (blocking mode only) ---
-    BlockingCall("socket.connect", H, "network", "native",
-                 "connect()/connect_ex() on a blocking socket", "blocking_socket"),
+    BlockingCall(
+        "socket.connect", H, "network", "native", "connect()/connect_ex() on a blocking socket", "blocking_socket"
+    ),
     BlockingCall("socket.sendto", M, "network", "native", "sendto() on a blocking socket", "blocking_socket"),
     BlockingCall("socket.sendmsg", M, "network", "native", "sendmsg() on a blocking socket", "blocking_socket"),
     BlockingCall("socket.socket.accept", H, "network", "wrapper", "accept() on a blocking socket"),
@@ -69,10 +76,8 @@ BLOCKING_CALLS: tuple[BlockingCall, ...] = (
     BlockingCall("socket.socket.recvfrom", M, "network", "wrapper", "recvfrom() on a blocking socket"),
     BlockingCall("socket.socket.recvfrom_into", M, "network", "wrapper", "recvfrom_into() on a blocking socket"),
     BlockingCall("socket.socket.recvmsg", M, "network", "wrapper", "recvmsg() on a blocking socket"),
-    BlockingCall("ssl.SSLSocket.read", M, "network", "wrapper",
-                 "reading a blocking SSL socket (read/recv/recv_into)"),
-    BlockingCall("ssl.SSLSocket.write", M, "network", "wrapper",
-                 "writing a blocking SSL socket (write/send/sendall)"),
+    BlockingCall("ssl.SSLSocket.read", M, "network", "wrapper", "reading a blocking SSL socket (read/recv/recv_into)"),
+    BlockingCall("ssl.SSLSocket.write", M, "network", "wrapper", "writing a blocking SSL socket (write/send/sendall)"),
     BlockingCall("http.client.connect", H, "network", "native", "http.client connection"),
     BlockingCall("urllib.Request", H, "network", "native", "urllib.request.urlopen()"),
     BlockingCall("ftplib.connect", H, "network", "native", "ftplib connection"),
@@ -90,8 +95,13 @@ BLOCKING_CALLS: tuple[BlockingCall, ...] = (
     BlockingCall("fcntl.flock", L, "file", "native", "fcntl.flock()"),
     BlockingCall("fcntl.lockf", L, "file", "native", "fcntl.lockf()"),
     # --- metadata ---
-    BlockingCall("os.stat", L, "metadata", "wrapper",
-                 "os.stat() and the os.path helpers built on it (exists, isfile, getsize, ...)"),
+    BlockingCall(
+        "os.stat",
+        L,
+        "metadata",
+        "wrapper",
+        "os.stat() and the os.path helpers built on it (exists, isfile, getsize, ...)",
+    ),
     BlockingCall("os.lstat", L, "metadata", "wrapper", "os.lstat(), os.path.islink(), os.path.lexists()"),
     BlockingCall("os.access", L, "metadata", "wrapper", "os.access()"),
     BlockingCall("os.statvfs", L, "metadata", "wrapper", "os.statvfs()"),
@@ -136,8 +146,9 @@ BLOCKING_CALLS: tuple[BlockingCall, ...] = (
     BlockingCall("sqlite3.connect", M, "database", "native", "sqlite3.connect()"),
     # --- miscellaneous ---
     BlockingCall("builtins.input", H, "misc", "native", "input()"),
-    BlockingCall("import", H, "misc", "native",
-                 "an import statement that loads a module (not one already in sys.modules)"),
+    BlockingCall(
+        "import", H, "misc", "native", "an import statement that loads a module (not one already in sys.modules)"
+    ),
     BlockingCall("syslog.syslog", L, "misc", "native", "syslog.syslog()"),
     BlockingCall("syslog.openlog", L, "misc", "native", "syslog.openlog()"),
     BlockingCall("webbrowser.open", H, "misc", "native", "webbrowser.open()"),
@@ -146,9 +157,7 @@ BLOCKING_CALLS: tuple[BlockingCall, ...] = (
 del H, M, L, T
 
 DEFAULT_WEIGHTS: dict[str, int] = {call.event: call.weight for call in BLOCKING_CALLS}
-CONDITIONS: dict[str, Condition] = {
-    call.event: call.condition for call in BLOCKING_CALLS if call.condition != "always"
-}
+CONDITIONS: dict[str, Condition] = {call.event: call.condition for call in BLOCKING_CALLS if call.condition != "always"}
 
 # The live table. Mutated in place (never rebound) so that every reader holds
 # the same dict; the hook compiles its own lookup from it (see _hook.rebuild).

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-from contextvars import ContextVar, Token
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from contextvars import ContextVar, Token
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])

@@ -17,16 +17,32 @@ import os
 import select
 import sys
 from asyncio import _get_running_loop as get_running_loop
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from aiocop import _typepatch
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
 logger = logging.getLogger("aiocop")
 
-Kind = Literal["path", "call", "sleep", "socket", "fd_read", "fd_write", "select", "poll",
-               "lock_acquire", "lock_enter", "event_wait", "condition_wait", "queue_get", "queue_put"]
+Kind = Literal[
+    "path",
+    "call",
+    "sleep",
+    "socket",
+    "fd_read",
+    "fd_write",
+    "select",
+    "poll",
+    "lock_acquire",
+    "lock_enter",
+    "event_wait",
+    "condition_wait",
+    "queue_get",
+    "queue_put",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,8 +231,7 @@ def _condition_wait(original: Callable[..., Any], event: str) -> Callable[..., A
 
 def _queue_get(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any, block: bool = True, timeout: float | None = None) -> Any:
-        if (block and _may_wait(timeout) and not self._qsize()
-                and get_running_loop() is not None):
+        if block and _may_wait(timeout) and not self._qsize() and get_running_loop() is not None:
             _audit(event, timeout)
         return original(self, block, timeout)
 
@@ -225,8 +240,7 @@ def _queue_get(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 
 def _queue_put(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        if (block and _may_wait(timeout) and 0 < self.maxsize <= self._qsize()
-                and get_running_loop() is not None):
+        if block and _may_wait(timeout) and 0 < self.maxsize <= self._qsize() and get_running_loop() is not None:
             _audit(event, timeout)
         return original(self, item, block, timeout)  # type: ignore[no-any-return]
 
@@ -234,10 +248,20 @@ def _queue_put(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 
 
 _FACTORIES: dict[str, Callable[[Callable[..., Any], str], Callable[..., Any]]] = {
-    "path": _path, "call": _call, "sleep": _sleep, "socket": _socket, "fd_read": _fd_read,
-    "fd_write": _fd_write, "select": _select, "poll": _poll, "lock_acquire": _lock_acquire,
-    "lock_enter": _lock_enter, "event_wait": _event_wait, "condition_wait": _condition_wait,
-    "queue_get": _queue_get, "queue_put": _queue_put,
+    "path": _path,
+    "call": _call,
+    "sleep": _sleep,
+    "socket": _socket,
+    "fd_read": _fd_read,
+    "fd_write": _fd_write,
+    "select": _select,
+    "poll": _poll,
+    "lock_acquire": _lock_acquire,
+    "lock_enter": _lock_enter,
+    "event_wait": _event_wait,
+    "condition_wait": _condition_wait,
+    "queue_get": _queue_get,
+    "queue_put": _queue_put,
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import select
@@ -11,9 +12,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from time import sleep as bound_sleep  # bound before aiocop patches time.sleep
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 def do_sleep() -> None:
@@ -45,11 +49,8 @@ def _closed_port() -> int:
 
 def do_connect_refused() -> None:
     port = _closed_port()
-    with socket.socket() as s:
-        try:
-            s.connect(("127.0.0.1", port))  # BLOCKS
-        except OSError:
-            pass
+    with socket.socket() as s, contextlib.suppress(OSError):
+        s.connect(("127.0.0.1", port))  # BLOCKS
 
 
 def do_recv_socketpair() -> None:

@@ -7,13 +7,15 @@ import contextlib
 import importlib
 import threading
 import warnings
-from collections.abc import Callable, Coroutine, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import aiocop
 from aiocop import _hook
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine, Iterator
 
 LOOP_NAMES = ("asyncio", "uvloop", "winloop", "rloop", "veloxloop")
 

@@ -10,8 +10,13 @@ import pytest
 from tests.blocking_calls import CASES, Case, do_bound_sleep
 from tests.conftest import Collector, quiet_rloop, run_in_thread, run_on
 
-LOOP_MODULES = {"asyncio": "asyncio.", "uvloop": "uvloop.", "winloop": "winloop.", "rloop": "rloop.",
-                "veloxloop": "veloxloop"}
+LOOP_MODULES = {
+    "asyncio": "asyncio.",
+    "uvloop": "uvloop.",
+    "winloop": "winloop.",
+    "rloop": "rloop.",
+    "veloxloop": "veloxloop",
+}
 CASE_PARAMS = [pytest.param(case, id=case.name) for case in CASES]
 
 

@@ -1,0 +1,37 @@
+# `make demo` and `make test` work from a fresh clone: each creates its own
+# virtual environment. PYTHON picks the interpreter (e.g. PYTHON=python3.12);
+# every interpreter gets its own environment.
+PYTHON ?= python3
+PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+VENV ?= .venv-$(PYVER)
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck check clean bench
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo_app.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider
+
+lint: $(STAMP)
+	$(BIN)/ruff check aiocop tests benchmarks examples
+	$(BIN)/ruff format --check aiocop tests benchmarks examples
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+check: lint typecheck test
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/stat_overhead.py
+
+clean:
+	rm -rf .venv-* .pytest_cache .mypy_cache .ruff_cache

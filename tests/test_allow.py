@@ -1,0 +1,125 @@
+"""Allow rules, global and scoped, and the built-in harmless internals."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+import aiocop
+from tests import blocking_calls
+from tests.conftest import Collector, run_on
+
+
+def test_allow_by_event_globally(detector: Collector, loop_name: str) -> None:
+    rule = aiocop.add_allow_rule("os.stat")
+
+    async def main() -> None:
+        os.stat(".")
+        os.listdir(".")
+
+    run_on(loop_name, main())
+    assert detector.names() == ["os.listdir"]
+    aiocop.remove_allow_rule(rule)
+    assert aiocop.get_allow_rules() == []
+
+
+def test_allow_by_module(detector: Collector, loop_name: str) -> None:
+    aiocop.add_allow_rule(module="tests.blocking_calls")
+
+    async def main() -> None:
+        blocking_calls.do_stat()
+        os.stat(".")
+
+    run_on(loop_name, main())
+    assert [c["entry_point"].rsplit(":", 1)[1] for c in detector.calls] == ["main"]
+
+
+def test_allow_by_path_prefix(detector: Collector, loop_name: str) -> None:
+    aiocop.add_allow_rule(path=os.path.dirname(blocking_calls.__file__))
+
+    async def main() -> None:
+        os.stat(".")
+
+    run_on(loop_name, main())
+    assert detector.names() == []
+
+
+def test_allow_by_call_site(detector: Collector, loop_name: str) -> None:
+    aiocop.add_allow_rule(call_site="tests/blocking_calls.py:do_listdir")
+
+    async def main() -> None:
+        blocking_calls.do_listdir()
+        blocking_calls.do_stat()
+
+    run_on(loop_name, main())
+    assert detector.names() == ["os.stat"]
+
+
+def test_scoped_allow_as_context_manager_and_decorator(detector: Collector, loop_name: str) -> None:
+    @aiocop.allow_blocking("os.listdir")
+    async def allowed_listing() -> None:
+        await asyncio.sleep(0)
+        os.listdir(".")
+
+    async def main() -> None:
+        with aiocop.allow_blocking("os.stat"):
+            os.stat(".")
+        await allowed_listing()
+        os.stat(".")  # outside the scope again
+
+    run_on(loop_name, main())
+    assert detector.names() == ["os.stat"]
+
+
+def test_scoped_allow_everything(detector: Collector, loop_name: str) -> None:
+    async def main() -> None:
+        with aiocop.allow_blocking():
+            blocking_calls.do_sleep()
+            blocking_calls.do_open_read()
+
+    run_on(loop_name, main())
+    assert detector.names() == []
+
+
+def test_harmless_internals_are_not_reported(detector: Collector, loop_name: str) -> None:
+    import sys
+
+    async def main() -> None:
+        for name in [m for m in list(sys.modules) if m.startswith("encodings.idna")]:
+            del sys.modules[name]
+        "bücher.example".encode("idna")  # lazily imports encodings.idna
+        await asyncio.to_thread(lambda: None)  # Thread.start() and executor set-up
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # binds its socket
+        server.close()
+        await server.wait_closed()
+
+    aiocop.register_blocking_event("socket.bind", aiocop.WEIGHT_TRIVIAL)
+    run_on(loop_name, main())
+    assert detector.names() == []
+
+
+def test_user_import_is_reported_once(detector: Collector, loop_name: str, tmp_path: object) -> None:
+    import sys
+
+    pkg = os.path.join(str(tmp_path), "lazy_user_module.py")
+    with open(pkg, "w", encoding="utf-8") as f:
+        f.write("with open(__file__) as f:\n    DATA = f.read()\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+
+        async def main() -> None:
+            import lazy_user_module  # noqa: F401
+
+        run_on(loop_name, main())
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("lazy_user_module", None)
+    assert detector.names() == ["import"]
+
+
+@pytest.mark.parametrize("bad", [{"call_site": ""}, {"module": 3}])
+def test_bad_rules(bad: dict[str, object]) -> None:
+    with pytest.raises(TypeError):
+        aiocop.AllowRule(**bad)  # type: ignore[arg-type]

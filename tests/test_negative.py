@@ -1,0 +1,120 @@
+"""What must never be reported: executor threads, code outside loops, the loops' own I/O."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+
+from tests.blocking_calls import CASES, Case
+from tests.conftest import Collector, run_on
+
+CASE_PARAMS = [pytest.param(case, id=case.name) for case in CASES]
+
+
+def test_pure_async_tasks_are_never_reported(detector: Collector, loop_name: str) -> None:
+    async def tick() -> None:
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        await asyncio.gather(*(tick() for _ in range(200)))
+
+    run_on(loop_name, main())
+    assert detector.events == []
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+def test_blocking_calls_in_executor_threads_while_loop_is_busy(detector: Collector, loop_name: str, case: Case) -> None:
+    async def busy() -> None:
+        # Keep the loop thread itself busy (no blocking call) meanwhile.
+        end = time.perf_counter() + 0.02
+        while time.perf_counter() < end:
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(
+            loop.run_in_executor(None, case.func),
+            asyncio.to_thread(case.func),
+            busy(),
+        )
+
+    run_on(loop_name, main())
+    assert detector.names() == []
+
+
+def test_loopback_echo_over_streams(detector: Collector, loop_name: str) -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1024):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        payload = b"x" * 1024
+        for _ in range(200):
+            writer.write(payload)
+            await writer.drain()
+            assert await reader.readexactly(len(payload)) == payload
+        writer.close()
+        await writer.wait_closed()
+        server.close()
+        await server.wait_closed()
+
+    run_on(loop_name, main())
+    assert detector.names() == []
+
+
+def test_non_blocking_socket_send(detector: Collector, loop_name: str) -> None:
+    async def main() -> None:
+        a, b = socket.socketpair()
+        with a, b:
+            a.setblocking(False)
+            b.setblocking(False)
+            a.send(b"x")
+            a.sendall(b"y")
+            assert b.recv(2) == b"xy"
+
+    run_on(loop_name, main())
+    assert detector.names() == []
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+def test_blocking_calls_before_any_loop_runs(detector: Collector, case: Case) -> None:
+    case.func()
+    assert detector.names() == []
+
+
+def test_zero_timeouts_and_free_locks_are_not_blocking(detector: Collector, loop_name: str) -> None:
+    import queue
+    import select
+    import threading
+
+    async def main() -> None:
+        time.sleep(0)
+        select.select([], [], [], 0)
+        threading.Event().wait(0)
+        done = threading.Event()
+        done.set()
+        done.wait()
+        lock = threading.Lock()
+        with lock:
+            pass
+        lock.acquire()
+        lock.release()
+        rlock = threading.RLock()
+        with rlock, rlock:
+            pass
+        q: queue.Queue[int] = queue.Queue()
+        q.put(1)
+        q.get()
+        q.get(block=False) if not q.empty() else None
+
+    run_on(loop_name, main())
+    assert detector.names() == []
