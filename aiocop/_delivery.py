@@ -12,7 +12,6 @@ import atexit
 import os
 import threading
 import time
-from dataclasses import replace
 from queue import SimpleQueue
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
@@ -92,7 +91,7 @@ def _loop_name(group: StepGroup) -> str:
     return f"{cls.__module__}.{cls.__qualname__}@{id(group.loop):#x}"
 
 
-def build_event(group: StepGroup) -> SlowTaskEvent:
+def build_event(group: StepGroup, context: dict[str, Any] | None = None) -> SlowTaskEvent:
     events = [format_record(r) for r in group.records]
     score = calculate_io_severity_score(events) if not group.dropped else group.score
     elapsed_ms = ((group.t_end or perf_counter()) - group.t_first) * 1000.0
@@ -111,6 +110,7 @@ def build_event(group: StepGroup) -> SlowTaskEvent:
         thread_id=group.thread_id,
         loop=_loop_name(group),
         dropped_events=group.dropped,
+        context=context if context is not None else {},
     )
 
 
@@ -121,9 +121,7 @@ def deliver_now(group: StepGroup) -> None:
     state = _hook.thread_state
     was_busy, state.busy = state.busy, True  # a callback's own blocking calls are not reported
     try:
-        event = build_event(group)
-        event = replace(event, context=_callbacks.capture_context())
-        _callbacks.invoke_callbacks(event)
+        _callbacks.invoke_callbacks(build_event(group, _callbacks.capture_context()))
     except Exception:
         _hook._internal_error()
     finally:
@@ -160,7 +158,9 @@ class _Worker:
     """A daemon thread that delivers groups off the loop threads."""
 
     def __init__(self) -> None:
-        self._queue: SimpleQueue[list[StepGroup] | None] = SimpleQueue()
+        # Items: groups to deliver, or an Event to set once everything queued
+        # before it has been delivered (see drain).
+        self._queue: SimpleQueue[list[StepGroup] | threading.Event] = SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -176,18 +176,24 @@ class _Worker:
                 self._thread.start()
 
     def _run(self) -> None:
-        while (groups := self._queue.get()) is not None:
+        while True:
+            groups = self._queue.get()
+            if isinstance(groups, threading.Event):
+                groups.set()
+                continue
             for group in groups:
                 if not group.t_end:
                     group.t_end = perf_counter()
                 # A copy: the loop thread may still be inside the original.
                 group.context.copy().run(deliver_now, group)
 
-    def drain(self) -> None:
-        """Deliver what is queued and what was never scheduled, on this thread."""
-        while not self._queue.empty():
-            for group in self._queue.get() or ():
-                group.context.copy().run(deliver_now, group)
+    def drain(self, timeout: float = 5.0) -> None:
+        """Wait for what is queued, then deliver what was never scheduled, on this thread."""
+        thread = self._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            done = threading.Event()
+            self._queue.put(done)
+            done.wait(timeout)
         for group in [g for g in list(_hook.unclaimed.values()) if _hook.claim(g)]:
             if not group.t_end:
                 group.t_end = perf_counter()

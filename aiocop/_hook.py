@@ -59,7 +59,15 @@ def _blocking_socket(args: tuple[Any, ...]) -> bool:
         return True
 
 
-_CONDITIONS: dict[str, Callable[[tuple[Any, ...]], bool]] = {"blocking_socket": _blocking_socket}
+def _positive_delay(args: tuple[Any, ...]) -> bool:
+    delay: Any = args[0] if args else None
+    return isinstance(delay, (int, float)) and delay > 0
+
+
+_CONDITIONS: dict[str, Callable[[tuple[Any, ...]], bool]] = {
+    "blocking_socket": _blocking_socket,
+    "positive_delay": _positive_delay,
+}
 
 # The hook's lookup: `dict.get` of a table compiled from the live rules, or of
 # an empty dict while detection is off. Rebinding one global is atomic, so a

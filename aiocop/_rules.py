@@ -19,7 +19,7 @@ from typing import Literal
 from aiocop._severity import WEIGHT_HEAVY, WEIGHT_LIGHT, WEIGHT_MODERATE, WEIGHT_TRIVIAL
 
 Source = Literal["native", "wrapper"]
-Condition = Literal["always", "blocking_socket"]
+Condition = Literal["always", "blocking_socket", "positive_delay"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,8 @@ class BlockingCall:
     source: Source
     description: str
     condition: Condition = "always"
-    """`"blocking_socket"`: only when the socket (first argument) is in blocking mode."""
+    """`"blocking_socket"`: only when the socket (first argument) is in blocking mode;
+    `"positive_delay"`: only when the first argument is a delay above zero."""
 
 
 _NATIVE_SLEEP = sys.version_info >= (3, 13)
@@ -42,7 +43,12 @@ H, M, L, T = WEIGHT_HEAVY, WEIGHT_MODERATE, WEIGHT_LIGHT, WEIGHT_TRIVIAL
 BLOCKING_CALLS: tuple[BlockingCall, ...] = (
     # --- sleeping and waiting ---
     BlockingCall(
-        "time.sleep", H, "sleep", "native" if _NATIVE_SLEEP else "wrapper", "time.sleep() with a positive delay"
+        "time.sleep",
+        H,
+        "sleep",
+        "native" if _NATIVE_SLEEP else "wrapper",
+        "time.sleep() with a positive delay",
+        "positive_delay",
     ),
     BlockingCall("select.select", H, "wait", "wrapper", "select.select() with a non-zero timeout"),
     BlockingCall("select.poll", H, "wait", "wrapper", "select.poll().poll() with a non-zero timeout"),

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 
 import pytest
 
 from tests.blocking_calls import CASES, Case, do_bound_sleep
-from tests.conftest import Collector, quiet_rloop, run_in_thread, run_on
+from tests.conftest import Collector, loop_factory, quiet_rloop, run_in_thread, run_on
 
 LOOP_MODULES = {
     "asyncio": "asyncio.",
@@ -115,17 +116,27 @@ def test_second_asyncio_run(detector: Collector) -> None:
 
 
 def test_several_loops_in_several_threads_at_once(detector: Collector, loop_name: str) -> None:
-    import threading
-
-    barrier = threading.Barrier(3)
+    started = threading.Barrier(3)
 
     async def main() -> None:
-        await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
+        await asyncio.get_running_loop().run_in_executor(None, started.wait)
         CASES[2].func()  # os.stat
         await asyncio.sleep(0)
         CASES[0].func()  # time.sleep
+        await asyncio.get_running_loop().run_in_executor(None, started.wait)
 
-    threads = [threading.Thread(target=run_on, args=(loop_name, main()), name=f"t{i}") for i in range(3)]
+    def run_one() -> None:
+        # One run per loop, all of them running at once. (rloop 0.5 closes a
+        # stale fd when one loop stops while another starts in a parallel
+        # thread, with or without aiocop; one start and stop per loop, with
+        # every start before any stop, keeps its race out of this test.)
+        loop = loop_factory(loop_name)()
+        try:
+            loop.run_until_complete(main())
+        finally:
+            loop.close()
+
+    threads = [threading.Thread(target=run_one, name=f"t{i}") for i in range(3)]
     with quiet_rloop(loop_name):
         for t in threads:
             t.start()
