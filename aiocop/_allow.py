@@ -70,15 +70,17 @@ class AllowRule:
             object.__setattr__(self, "_site_func", func)
 
     def matches_frame(self, frame: FrameType) -> bool:
-        code = frame.f_code
-        if self.path is not None and not code.co_filename.startswith(self.path):
-            return False
-        if self.call_site is not None and not (
-            code.co_name == self._site_func and code.co_filename.endswith(self._site_file)
-        ):
-            return False
+        module_globals = frame.f_globals
+        if self.path is not None:
+            file = module_globals.get("__file__")
+            if not isinstance(file, str) or not file.startswith(self.path):
+                return False
+        if self.call_site is not None:
+            code = frame.f_code  # an audit event of its own: only for call-site rules
+            if not (code.co_name == self._site_func and code.co_filename.endswith(self._site_file)):
+                return False
         if self.module is not None:
-            name = frame.f_globals.get("__name__")
+            name = module_globals.get("__name__")
             if not isinstance(name, str) or not (name == self.module or name.startswith(self.module + ".")):
                 return False
         return True
@@ -101,14 +103,6 @@ scoped_rules: ContextVar[tuple[AllowRule, ...]] = ContextVar("aiocop_allow_rules
 
 def global_rules() -> tuple[AllowRule, ...]:
     return _global_rules
-
-
-def _make_rule(
-    events: tuple[str, ...] | AllowRule, module: str | None, path: str | None, call_site: str | None
-) -> AllowRule:
-    if isinstance(events, AllowRule):
-        return events
-    return AllowRule(frozenset(events), module, path, call_site)
 
 
 def add_allow_rule(

@@ -20,9 +20,11 @@ from aiocop import _callbacks, _hook, _state
 from aiocop._events import BlockingEventInfo, RawBlockingEvent, SlowTaskEvent
 from aiocop._exceptions import HighSeverityBlockingIoException
 from aiocop._frames import format_frame
-from aiocop._severity import calculate_io_severity_score, get_severity_level_from_score
+from aiocop._severity import get_severity_level_from_score
 
 if TYPE_CHECKING:
+    from types import CodeType
+
     from aiocop._hook import Record, StepGroup
 
 _MAX_ARG_CHARS = 100
@@ -40,13 +42,17 @@ def _format_args(args: tuple[Any, ...]) -> str:
 
 
 def _info(
-    event: str, args_text: str, frames: list[tuple[str, int, str]], site: str | None, severity: int | None
+    event: str,
+    args_text: str,
+    frames: list[tuple[str, int, str]],
+    texts: list[str],
+    site: str | None,
+    severity: int | None,
 ) -> BlockingEventInfo:
-    formatted = [format_frame(f) for f in frames]
     return {
         "event": f"{event}({args_text})",
-        "trace": " <- ".join(formatted),
-        "entry_point": site or (formatted[0] if formatted else "unknown"),
+        "trace": " <- ".join(texts),
+        "entry_point": site or (texts[0] if texts else "unknown"),
         "severity": severity,
         "name": event,
         "args": args_text,
@@ -54,18 +60,41 @@ def _info(
     }
 
 
-def _wall_clock(perf_time: float) -> float:
-    return time.time() - (perf_counter() - perf_time)
+# (file, first line, function, f_lasti) -> (frame tuple, text). Not keyed by the
+# code object, whose hash covers all its constants, nor by id(), which is an
+# audited call.
+_frame_cache: dict[tuple[str, int, str, int], tuple[tuple[str, int, str], str]] = {}
+_FRAME_CACHE_SIZE = 8192
 
 
-def format_record(record: Record) -> BlockingEventInfo:
-    frames = [(code.co_filename, line, code.co_name) for code, line in record.trace]
-    site = None
-    if record.site is not None:
-        code, line = record.site
-        site = format_frame((code.co_filename, line, code.co_name))
-    info = _info(record.event, _format_args(record.args), frames, site, record.weight)
-    info["timestamp"] = _wall_clock(record.time)
+def _frame(code: CodeType, lasti: int) -> tuple[tuple[str, int, str], str]:
+    """A captured frame as a `(filename, lineno, function)` tuple and as text (cached per code location)."""
+    key = (code.co_filename, code.co_firstlineno, code.co_name, lasti)
+    entry = _frame_cache.get(key)
+    if entry is not None:
+        return entry
+    line: int = code.co_firstlineno
+    for start, end, number in code.co_lines():
+        if start <= lasti < end:
+            line = line if number is None else int(number)
+            break
+    frame = (code.co_filename, line, code.co_name)
+    text = format_frame(frame)
+    if len(_frame_cache) >= _FRAME_CACHE_SIZE:
+        _frame_cache.clear()
+    _frame_cache[key] = (frame, text)
+    return frame, text
+
+
+def format_record(record: Record, wall_offset: float | None = None) -> BlockingEventInfo:
+    pairs = [_frame(code, lasti) for code, lasti in record.trace]
+    site = _frame(*record.site)[1] if record.site is not None else None
+    info = _info(
+        record.event, _format_args(record.args), [p[0] for p in pairs], [p[1] for p in pairs], site, record.weight
+    )
+    if wall_offset is None:
+        wall_offset = time.time() - perf_counter()
+    info["timestamp"] = record.time + wall_offset
     info["raised"] = record.raised
     return info
 
@@ -81,23 +110,30 @@ def format_blocking_event(raw_event: RawBlockingEvent) -> BlockingEventInfo:
     if len(args) == 2 and isinstance(args[0], tuple) and isinstance(args[1], dict):
         args = args[0]  # 1.x wrappers passed (args, kwargs)
     frames = list(raw_event["raw_stack"])
-    info = _info(raw_event["event_name"], _format_args(tuple(args)), frames, None, raw_event["severity"])
+    texts = [format_frame(f) for f in frames]
+    info = _info(raw_event["event_name"], _format_args(tuple(args)), frames, texts, None, raw_event["severity"])
     info["timestamp"] = raw_event["timestamp"]
     return info
 
 
-def _loop_name(group: StepGroup) -> str:
-    cls = type(group.loop)
-    return f"{cls.__module__}.{cls.__qualname__}@{id(group.loop):#x}"
+def _loop_name(loop: object) -> str:
+    # object.__repr__ gives the address without calling id() (an audited call).
+    cls = type(loop)
+    address = object.__repr__(loop).rpartition(" at ")[2].rstrip(">")
+    return f"{cls.__module__}.{cls.__qualname__}@{address}"
 
 
 def build_event(group: StepGroup, context: dict[str, Any] | None = None) -> SlowTaskEvent:
-    events = [format_record(r) for r in group.records]
-    score = calculate_io_severity_score(events) if not group.dropped else group.score
+    wall_offset = time.time() - perf_counter()
+    events = [format_record(r, wall_offset) for r in group.records]
+    score = group.score
     elapsed_ms = ((group.t_end or perf_counter()) - group.t_first) * 1000.0
     threshold_ms = _state.config.threshold_ms
     task = group.task
-    return SlowTaskEvent(
+    # SlowTaskEvent is a frozen dataclass (as in 1.x); filling its __dict__
+    # directly skips the generated __init__'s object.__setattr__ per field.
+    event = object.__new__(SlowTaskEvent)
+    event.__dict__.update(
         elapsed_ms=elapsed_ms,
         threshold_ms=threshold_ms,
         exceeded_threshold=elapsed_ms >= threshold_ms,
@@ -105,13 +141,15 @@ def build_event(group: StepGroup, context: dict[str, Any] | None = None) -> Slow
         severity_level=get_severity_level_from_score(score),
         reason="io_blocking",
         blocking_events=events,
+        context=context if context is not None else {},
+        cpu_stack_samples=[],
         task_name=task.get_name() if task is not None else None,
         thread_name=group.thread_name,
         thread_id=group.thread_id,
-        loop=_loop_name(group),
+        loop=_loop_name(group.loop),
         dropped_events=group.dropped,
-        context=context if context is not None else {},
     )
+    return event
 
 
 def deliver_now(group: StepGroup) -> None:
@@ -194,7 +232,7 @@ class _Worker:
             done = threading.Event()
             self._queue.put(done)
             done.wait(timeout)
-        for group in [g for g in list(_hook.unclaimed.values()) if _hook.claim(g)]:
+        for group in [g for g in list(_hook.unclaimed) if _hook.claim(g)]:
             if not group.t_end:
                 group.t_end = perf_counter()
             group.context.copy().run(deliver_now, group)

@@ -1,20 +1,24 @@
-"""Classifying code by where it lives, and formatting captured frames.
+"""Classifying frames by the module they run in, and formatting captured frames.
 
-Classification is by file name and cached per file, because it runs in the
-audit hook for every frame of a step stack: one dict look-up per frame.
+Classification runs in the audit hook for every frame of a step's stack, so
+it is keyed by the frame's module name (read from `frame.f_globals`) and
+cached. It deliberately avoids `frame.f_code`: reading it raises an
+`object.__getattr__` audit event, which costs a full round through every
+audit hook of the process.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import sysconfig
 from enum import IntEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from aiocop._internals import LOOP_FRAMES, LOOP_PACKAGES, LoopFrameRole
+from aiocop._internals import IMPORT_SYSTEM_MODULES, LOOP_FRAMES, LOOP_PACKAGES, LoopFrameRole
 
 if TYPE_CHECKING:
-    from types import CodeType
+    from types import FrameType
 
 
 class Kind(IntEnum):
@@ -25,60 +29,58 @@ class Kind(IntEnum):
     IMPORTLIB = 4
 
 
-_AIOCOP_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
 def _stdlib_dirs() -> tuple[str, ...]:
     # In a virtual environment "stdlib" is the base interpreter's library,
-    # which is where the stdlib's code objects point.
+    # which is where the stdlib's modules live.
     stdlib = sysconfig.get_paths()["stdlib"]
     return tuple({os.path.join(stdlib, ""), os.path.join(os.path.realpath(stdlib), "")})
 
 
 _STDLIB_DIRS = _stdlib_dirs()
+_STDLIB_NAMES: frozenset[str] = frozenset(getattr(sys, "stdlib_module_names", ()))
 _THIRD_PARTY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
-_LOOP_MARKERS = tuple(os.sep + pkg + os.sep for pkg in LOOP_PACKAGES)
+_LOOP_TOP_LEVEL = frozenset(LOOP_PACKAGES)
 
-# filename -> Kind; and for loop files, function name -> role.
-_file_kinds: dict[str, Kind] = {}
-_loop_roles: dict[str, dict[str, LoopFrameRole]] = {}
+# module name -> Kind; and, for the few loop modules that bound steps,
+# function name -> role.
+_module_kinds: dict[str | None, Kind] = {}
+LOOP_ROLES: dict[str, dict[str, LoopFrameRole]] = {}
+for _frame in LOOP_FRAMES:
+    LOOP_ROLES.setdefault(_frame.module, {})[_frame.function] = _frame.role
 
 
-def classify(filename: str) -> Kind:
-    """Classify a code object's file name (cached)."""
-    kind = _file_kinds.get(filename)
+def frame_kind(frame: FrameType) -> Kind:
+    """Classify a frame by its module (cached per module name)."""
+    module_globals = frame.f_globals
+    name = module_globals.get("__name__")
+    kind = _module_kinds.get(name)
     if kind is None:
-        kind = _classify(filename)
-        _file_kinds[filename] = kind
+        kind = _classify(name, module_globals)
+        _module_kinds[name] = kind
     return kind
 
 
-def _classify(filename: str) -> Kind:
-    if filename.startswith(_AIOCOP_DIR):
+def _classify(name: object, module_globals: dict[str, Any]) -> Kind:
+    if not isinstance(name, str):
+        return Kind.USER  # exec()/eval() with bare globals
+    top = name.partition(".")[0]
+    if top == "aiocop":
         return Kind.AIOCOP
-    if filename.startswith("<frozen importlib"):
+    if name in IMPORT_SYSTEM_MODULES:
         return Kind.IMPORTLIB
-    if filename.startswith("<frozen "):
-        return Kind.STDLIB
-    if any(marker in filename for marker in _LOOP_MARKERS):
-        roles = {f.function: f.role for f in LOOP_FRAMES if filename.endswith(os.sep + f.package + os.sep + f.file)}
-        if roles:
-            _loop_roles[filename] = roles
+    if top in _LOOP_TOP_LEVEL:
         return Kind.LOOP
-    if filename.startswith(_STDLIB_DIRS) and not any(m in filename for m in _THIRD_PARTY_MARKERS):
-        return Kind.STDLIB
-    return Kind.USER
+    file = module_globals.get("__file__")
+    if isinstance(file, str) and not file.startswith("<"):
+        if file.startswith(_STDLIB_DIRS) and not any(m in file for m in _THIRD_PARTY_MARKERS):
+            return Kind.STDLIB
+        return Kind.USER
+    return Kind.STDLIB if top in _STDLIB_NAMES else Kind.USER
 
 
-def loop_role(code: CodeType) -> LoopFrameRole | None:
-    """The step-bounding role of a loop function, if it has one."""
-    roles = _loop_roles.get(code.co_filename)
-    return None if roles is None else roles.get(code.co_name)
-
-
-def is_internal(filename: str) -> bool:
-    """Whether code in this file is the stdlib, an event loop or aiocop (never "the user's line")."""
-    return classify(filename) != Kind.USER
+def is_internal(frame: FrameType) -> bool:
+    """Whether a frame is the stdlib, an event loop or aiocop (never "the user's line")."""
+    return frame_kind(frame) != Kind.USER
 
 
 _CWD = os.getcwd() + os.sep

@@ -37,7 +37,7 @@ logger = logging.getLogger("aiocop")
 
 # How far up a stack the walk goes when it finds no edge of the step.
 _MAX_WALK = 256
-_WRAPPERS_FILE = _frames._AIOCOP_DIR + "_wrappers.py"
+_WRAPPERS_MODULE = "aiocop._wrappers"
 _BUFFER_TYPES = (bytes, bytearray, memoryview)
 _LOOP_BOUNDARY_EVENTS = ("sys.set_asyncgen_hook_firstiter",)
 
@@ -109,8 +109,9 @@ def audit_hook(event: str, args: tuple[Any, ...]) -> None:
 class _ThreadState(threading.local):
     busy = False  # inside the hook's slow path or a delivery: ignore events
     group: StepGroup | None = None  # the step currently collecting events
-    base_id = 0  # id() and code of the frame that entered a C event loop
-    base_code: CodeType | None = None
+    # The frame that called into a running event loop written in C: the outer
+    # edge of its steps. Held only while that loop runs (see _on_loop_boundary).
+    base_frame: FrameType | None = None
 
 
 thread_state = _ThreadState()
@@ -171,10 +172,10 @@ class StepGroup:
         self.t_end = 0.0
 
 
-# Groups scheduled for delivery and not yet delivered, by id. Whoever pops a
+# Groups scheduled for delivery and not yet delivered. Whoever pops a
 # group (the loop's delivery callback, or the off-loop fallback when a loop
 # stopped first) delivers it; dict.pop is atomic, so it happens once.
-unclaimed: dict[int, StepGroup] = {}
+unclaimed: dict[StepGroup, StepGroup] = {}
 # Set by _delivery: (group) -> None, run on the loop thread after the step.
 flush_callback: Callable[[StepGroup], None] | None = None
 # Set by _delivery: hands groups whose loop stopped before their delivery
@@ -233,27 +234,38 @@ def _capture(
     if task is not None:
         root = getattr(task.get_coro(), "cr_frame", None)
     # 0: _capture, 1: _record, 2: audit_hook, 3: whoever raised the event.
-    frames, kinds = _walk_step(sys._getframe(3), event, root, state)
-    if not frames:
+    walked = _walk_step(sys._getframe(3), event, root, state)
+    if walked is None:
         return None
+    frames, kinds = walked
     if _is_allowed(event, args, frames, kinds):
         return None
 
+    # Keep (code, f_lasti) pairs: the line number is worked out only when
+    # someone formats the event (f_lineno decodes the line table every time).
+    # Only these frames pay for reading f_code (an audit event of its own).
     depth = _state.config.trace_depth
     trace: list[tuple[CodeType, int]] = []
     site: tuple[CodeType, int] | None = None
     for frame, kind in zip(frames, kinds, strict=True):
         if len(trace) < depth:
-            trace.append((frame.f_code, frame.f_lineno))
+            code = frame.f_code
+            trace.append((code, frame.f_lasti))
+            if site is None and kind == Kind.USER:
+                site = trace[-1]
         elif site is not None:
             break
-        if site is None and kind == Kind.USER:
-            site = (frame.f_code, frame.f_lineno)
+        elif kind == Kind.USER:
+            site = (frame.f_code, frame.f_lasti)
+            break
 
     now = perf_counter()
     group = state.group
+    # A task steps at most once per loop iteration, so the task identifies the
+    # step; a plain callback is identified by its outermost function (two runs
+    # of the same callback function in one iteration share an event).
     key: object = task if task is not None else frames[-1].f_code
-    if group is None or group.key is not key or group.loop is not loop or group.t_end:
+    if group is None or group.key != key or group.loop is not loop or group.t_end:
         if group is not None and not group.t_end:
             group.t_end = now  # a new step began, so the previous one had ended
         group = StepGroup(loop, key, task, now)
@@ -271,44 +283,46 @@ def _capture(
 
 def _walk_step(
     frame: FrameType | None, event: str, root: FrameType | None, state: _ThreadState
-) -> tuple[list[FrameType], list[Kind]]:
+) -> tuple[list[FrameType], list[Kind]] | None:
     """The frames of the current step, innermost first, without aiocop's.
 
-    Empty when the call was not made inside a step (the loop's own machinery),
-    was made inside the import system (reported as the `import` event), or
-    was made by a wrapper called from another wrapper (reported once, by the
-    outer one).
+    `None` when the call was not made inside a step (the loop's own
+    machinery), was made inside the import system (reported as the `import`
+    event), or was made by a wrapper called from another wrapper (reported
+    once, by the outer one).
     """
     frames: list[FrameType] = []
     kinds: list[Kind] = []
-    none: tuple[list[FrameType], list[Kind]] = ([], [])
-    file_kinds = _frames._file_kinds
-    base_id, base_code = state.base_id, state.base_code
+    module_kinds = _frames._module_kinds
+    base = state.base_frame
     while frame is not None:
-        code = frame.f_code
-        kind = file_kinds.get(code.co_filename)
+        module_globals = frame.f_globals
+        name = module_globals.get("__name__")
+        kind = module_kinds.get(name)
         if kind is None:
-            kind = _frames.classify(code.co_filename)
+            kind = _frames.frame_kind(frame)
         if kind == Kind.AIOCOP:
-            if frames and code.co_filename == _WRAPPERS_FILE:
-                return none  # nested inside an outer aiocop wrapper
+            if frames and name == _WRAPPERS_MODULE:
+                return None  # nested inside an outer aiocop wrapper
         else:
             if kind == Kind.LOOP:
-                role = _frames.loop_role(code)
-                if role == "dispatch":
-                    break
-                if role == "core":
-                    return none
+                roles = _frames.LOOP_ROLES.get(name)  # type: ignore[arg-type]
+                if roles is not None:
+                    role = roles.get(frame.f_code.co_name)
+                    if role == "dispatch":
+                        break
+                    if role == "core":
+                        return None
             elif kind == Kind.IMPORTLIB and event != "import":
-                return none
-            if frame is not root and code is base_code and id(frame) == base_id:
+                return None
+            if frame is base and frame is not root:
                 break
             frames.append(frame)
             kinds.append(kind)
             if frame is root or len(frames) >= _MAX_WALK:
                 break
         frame = frame.f_back
-    return frames, kinds
+    return (frames, kinds) if frames else None
 
 
 def _is_allowed(event: str, args: tuple[Any, ...], frames: list[FrameType], kinds: list[Kind]) -> bool:
@@ -319,6 +333,8 @@ def _is_allowed(event: str, args: tuple[Any, ...], frames: list[FrameType], kind
             return True
     rules = _allow.global_rules()
     scoped = _allow.scoped_rules.get()
+    if not rules and not scoped:
+        return False
     if scoped:
         rules = (*rules, *scoped)
     return any(rule.matches(event, frames) for rule in rules)
@@ -336,16 +352,18 @@ def _harmless_for(event: str) -> tuple[_internals.HarmlessRule, ...]:
     return rules
 
 
-def _module_in(frame: FrameType, modules: tuple[str, ...]) -> bool:
+def module_in(frame: FrameType, modules: tuple[str, ...], prefixes: tuple[str, ...]) -> bool:
+    """Whether the frame's module is one of `modules` or below one of `prefixes` (`"pkg."`)."""
     name = frame.f_globals.get("__name__")
-    return isinstance(name, str) and any(name == m or name.startswith(m + ".") for m in modules)
+    return isinstance(name, str) and (name in modules or name.startswith(prefixes))
 
 
 def _inside(modules: tuple[str, ...], frames: list[FrameType], kinds: list[Kind]) -> bool:
+    prefixes = tuple(m + "." for m in modules)
     for frame, kind in zip(frames, kinds, strict=True):
         if kind == Kind.USER:
             return False
-        if _module_in(frame, modules):
+        if module_in(frame, modules, prefixes):
             return True
     return False
 
@@ -356,9 +374,9 @@ _STDLIB_MODULES: frozenset[str] = frozenset(getattr(sys, "stdlib_module_names", 
 def _harmless_matches(rule: _internals.HarmlessRule, args: tuple[Any, ...], caller: FrameType, kind: Kind) -> bool:
     if rule.caller_internal and kind == Kind.USER:
         return False
-    if rule.caller_functions and caller.f_code.co_name not in rule.caller_functions:
+    if rule.caller_modules and not module_in(caller, rule.caller_modules, rule.caller_prefixes):
         return False
-    if rule.caller_modules and not _module_in(caller, rule.caller_modules):
+    if rule.caller_functions and caller.f_code.co_name not in rule.caller_functions:
         return False
     if rule.arg0_prefixes or rule.arg0_stdlib:
         arg0 = args[0] if args else None
@@ -390,7 +408,7 @@ class BufferSummary:
 
 
 def _schedule(group: StepGroup, loop: AbstractEventLoop) -> None:
-    unclaimed[id(group)] = group
+    unclaimed[group] = group
     if flush_callback is None:
         return
     try:
@@ -402,17 +420,20 @@ def _schedule(group: StepGroup, loop: AbstractEventLoop) -> None:
 
 
 def _on_loop_boundary() -> None:
-    # A loop is starting or stopping on this thread (it is not the running
-    # loop yet, or any more). Remember the frame that called into the loop: for
-    # loops written in C it is the outer edge of every step. Then hand any
-    # group whose delivery callback may never run to the off-loop worker.
+    # A loop is starting or stopping on this thread; either way it is not the
+    # running loop (yet, or any more). The event fires before the hooks change:
+    # if they are still a loop's, that loop is stopping.
     state = thread_state
-    frame = sys._getframe(2)
-    state.base_id = id(frame)
-    state.base_code = frame.f_code
+    firstiter = sys.get_asyncgen_hooks().firstiter
+    stopping = isinstance(getattr(firstiter, "__self__", None), AbstractEventLoop)
+    # For loops written in C, the frame that called into the loop is the
+    # outer edge of every step; keep it only while the loop runs.
+    state.base_frame = None if stopping else sys._getframe(2)
     state.group = None
+    # Hand any group whose delivery callback may never run (its loop stopped
+    # first) to the off-loop worker.
     ident = threading.get_ident()
-    orphans = [g for g in list(unclaimed.values()) if g.thread_id == ident]
+    orphans = [g for g in list(unclaimed) if g.thread_id == ident]
     if orphans and orphan_handler is not None and not state.busy:
         state.busy = True
         try:
@@ -425,7 +446,7 @@ def _on_loop_boundary() -> None:
 
 def claim(group: StepGroup) -> bool:
     """Take the right to deliver `group`; true for exactly one caller."""
-    return unclaimed.pop(id(group), None) is not None
+    return unclaimed.pop(group, None) is not None
 
 
 def reset_current_step() -> None:

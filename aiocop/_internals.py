@@ -13,7 +13,7 @@ Two tables live here, both documented on the "Detected calls" docs page:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 LoopFrameRole = Literal["dispatch", "core"]
@@ -23,17 +23,22 @@ LoopFrameRole = Literal["dispatch", "core"]
 class LoopFrame:
     """A function of an event loop written in Python that bounds steps."""
 
-    package: str
-    file: str
+    module: str
     function: str
     role: LoopFrameRole
 
 
 LOOP_FRAMES: tuple[LoopFrame, ...] = (
-    LoopFrame("asyncio", "events.py", "_run", "dispatch"),
-    LoopFrame("asyncio", "base_events.py", "_run_once", "core"),
-    LoopFrame("rloop", "loop.py", "run_forever", "dispatch"),
-    LoopFrame("veloxloop", "__init__.py", "run_forever", "dispatch"),
+    LoopFrame("asyncio.events", "_run", "dispatch"),  # Handle._run: calls a callback or task step
+    LoopFrame("asyncio.base_events", "_run_once", "core"),  # the loop's own iteration
+    LoopFrame("rloop.loop", "run_forever", "dispatch"),  # steps are called from here
+    LoopFrame("veloxloop", "run_forever", "dispatch"),
+)
+
+# Modules of the import system: a call made under them is part of an import,
+# which is reported once, as the `import` event.
+IMPORT_SYSTEM_MODULES: frozenset[str] = frozenset(
+    {"importlib._bootstrap", "importlib._bootstrap_external", "_frozen_importlib", "_frozen_importlib_external"}
 )
 
 # Packages whose frames are "loop internals": never the user's line.
@@ -66,6 +71,11 @@ class HarmlessRule:
     inside_modules: tuple[str, ...] = ()
     arg0_prefixes: tuple[str, ...] = ()
     arg0_stdlib: bool = False
+    caller_prefixes: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # `"pkg."` prefixes, so that the hook tests submodules with one startswith().
+        object.__setattr__(self, "caller_prefixes", tuple(m + "." for m in self.caller_modules))
 
 
 HARMLESS: tuple[HarmlessRule, ...] = (
