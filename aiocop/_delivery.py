@@ -12,6 +12,7 @@ import atexit
 import os
 import threading
 import time
+import weakref
 from queue import SimpleQueue
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
@@ -86,7 +87,7 @@ def _frame(code: CodeType, lasti: int) -> tuple[tuple[str, int, str], str]:
     return frame, text
 
 
-def format_record(record: Record, wall_offset: float | None = None) -> BlockingEventInfo:
+def format_record(record: Record, wall_offset: float | None = None, raised: bool = False) -> BlockingEventInfo:
     pairs = [_frame(code, lasti) for code, lasti in record.trace]
     site = _frame(*record.site)[1] if record.site is not None else None
     info = _info(
@@ -95,7 +96,7 @@ def format_record(record: Record, wall_offset: float | None = None) -> BlockingE
     if wall_offset is None:
         wall_offset = time.time() - perf_counter()
     info["timestamp"] = record.time + wall_offset
-    info["raised"] = record.raised
+    info["raised"] = raised
     return info
 
 
@@ -123,15 +124,36 @@ def _loop_name(loop: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}@{address}"
 
 
+class _LazyFields:
+    """Formats an event's blocking calls and loop name when first read."""
+
+    __slots__ = ("loop_ref", "loop_type", "raised", "records", "wall_offset")
+
+    def __init__(self, group: StepGroup) -> None:
+        self.records = group.records
+        self.raised = group.raised
+        self.wall_offset = time.time() - perf_counter()
+        self.loop_type = type(group.loop)
+        self.loop_ref = weakref.ref(group.loop)
+
+    def __call__(self) -> dict[str, Any]:
+        loop = self.loop_ref()
+        cls = self.loop_type
+        return {
+            "blocking_events": [format_record(r, self.wall_offset, r is self.raised) for r in self.records],
+            "loop": _loop_name(loop) if loop is not None else f"{cls.__module__}.{cls.__qualname__}@(gone)",
+        }
+
+
 def build_event(group: StepGroup, context: dict[str, Any] | None = None) -> SlowTaskEvent:
-    wall_offset = time.time() - perf_counter()
-    events = [format_record(r, wall_offset) for r in group.records]
     score = group.score
     elapsed_ms = ((group.t_end or perf_counter()) - group.t_first) * 1000.0
     threshold_ms = _state.config.threshold_ms
     task = group.task
-    # SlowTaskEvent is a frozen dataclass (as in 1.x); filling its __dict__
-    # directly skips the generated __init__'s object.__setattr__ per field.
+    # SlowTaskEvent is a frozen dataclass (as in 1.x). Its __dict__ is filled
+    # directly, which skips the generated __init__'s object.__setattr__ per
+    # field, and `blocking_events` and `loop` are left to _LazyFields: the
+    # callback that only counts events never pays for formatting them.
     event = object.__new__(SlowTaskEvent)
     event.__dict__.update(
         elapsed_ms=elapsed_ms,
@@ -140,14 +162,13 @@ def build_event(group: StepGroup, context: dict[str, Any] | None = None) -> Slow
         severity_score=score,
         severity_level=get_severity_level_from_score(score),
         reason="io_blocking",
-        blocking_events=events,
         context=context if context is not None else {},
         cpu_stack_samples=[],
         task_name=task.get_name() if task is not None else None,
         thread_name=group.thread_name,
         thread_id=group.thread_id,
-        loop=_loop_name(group.loop),
         dropped_events=group.dropped,
+        _resolve=_LazyFields(group),
     )
     return event
 
@@ -166,23 +187,32 @@ def deliver_now(group: StepGroup) -> None:
         state.busy = was_busy
 
 
-def flush(group: StepGroup) -> None:
-    """Run by the loop right after the step: the step is over, deliver it."""
-    if not group.t_end:
-        group.t_end = perf_counter()
+def flush(batch: list[StepGroup]) -> None:
+    """Run by the loop after the steps of an iteration: they are over, deliver them."""
+    now = perf_counter()
     state = _hook.thread_state
-    if state.group is group:
+    if state.pending is batch:
+        state.pending = None
+    if state.group is not None and state.group in batch:
         state.group = None
-    if not _hook.claim(group):
+    claimed = []
+    for group in batch:
+        if not group.t_end:
+            group.t_end = now
+        if _hook.claim(group):
+            claimed.append(group)
+    if not claimed:
         return
     if _state.config.delivery == "thread":
-        _worker.submit([group])
-    else:
-        deliver_now(group)
+        _worker.submit(claimed)
+        return
+    for group in claimed:
+        # Each step's providers and callbacks run in (a copy of) its own context.
+        group.context.run(deliver_now, group)
 
 
 def make_violation(group: StepGroup) -> HighSeverityBlockingIoException:
-    events = [format_record(r) for r in group.records]
+    events = [format_record(r, raised=r is group.raised) for r in group.records]
     return HighSeverityBlockingIoException(
         severity_score=group.score,
         severity_level=get_severity_level_from_score(group.score),

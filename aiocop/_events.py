@@ -7,7 +7,14 @@ that code constructing or unpacking the 1.x types keeps working.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+# Fields aiocop may leave out of a fresh event's __dict__ and compute on first
+# read: formatting waits until someone looks at the event.
+_LAZY_FIELDS = frozenset({"blocking_events", "loop"})
 
 
 class RawBlockingEvent(TypedDict):
@@ -99,3 +106,24 @@ class SlowTaskEvent:
     thread_id: int = 0
     loop: str = ""
     dropped_events: int = 0
+
+    # Only called for attributes missing from __dict__: the lazy fields of an
+    # event built by aiocop, before anyone has read them.
+    def __getattr__(self, name: str) -> Any:
+        resolve: Callable[[], dict[str, Any]] | None = self.__dict__.get("_resolve")
+        if resolve is None or name not in _LAZY_FIELDS:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self._materialize()
+        return self.__dict__[name]
+
+    def _materialize(self) -> None:
+        resolve = self.__dict__.pop("_resolve", None)
+        if resolve is not None:
+            self.__dict__.update(resolve())
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._materialize()
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)

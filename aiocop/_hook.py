@@ -24,7 +24,7 @@ from asyncio import AbstractEventLoop, Task, current_task
 from asyncio import _get_running_loop as get_running_loop
 from contextvars import Context, copy_context
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from aiocop import _allow, _frames, _internals, _rules, _state
 from aiocop._frames import Kind
@@ -109,6 +109,9 @@ def audit_hook(event: str, args: tuple[Any, ...]) -> None:
 class _ThreadState(threading.local):
     busy = False  # inside the hook's slow path or a delivery: ignore events
     group: StepGroup | None = None  # the step currently collecting events
+    # Steps of this loop iteration waiting for the one delivery callback
+    # scheduled by the first of them (replaced, never cleared, on flush).
+    pending: list[StepGroup] | None = None
     # The frame that called into a running event loop written in C: the outer
     # edge of its steps. Held only while that loop runs (see _on_loop_boundary).
     base_frame: FrameType | None = None
@@ -117,27 +120,15 @@ class _ThreadState(threading.local):
 thread_state = _ThreadState()
 
 
-class Record:
+class Record(NamedTuple):
     """One intercepted call, kept raw: formatting waits until someone reads it."""
 
-    __slots__ = ("args", "event", "raised", "site", "time", "trace", "weight")
-
-    def __init__(
-        self,
-        event: str,
-        args: tuple[Any, ...],
-        trace: list[tuple[CodeType, int]],
-        site: tuple[CodeType, int] | None,
-        time: float,
-        weight: int,
-    ) -> None:
-        self.event = event
-        self.args = args
-        self.trace = trace
-        self.site = site
-        self.time = time
-        self.weight = weight
-        self.raised = False
+    event: str
+    args: tuple[Any, ...]
+    trace: list[tuple[CodeType, int]]  # (code, f_lasti), innermost first
+    site: tuple[CodeType, int] | None  # the user's frame
+    time: float  # perf_counter()
+    weight: int
 
 
 class StepGroup:
@@ -148,6 +139,7 @@ class StepGroup:
         "dropped",
         "key",
         "loop",
+        "raised",
         "records",
         "score",
         "t_end",
@@ -170,14 +162,15 @@ class StepGroup:
         self.score = 0
         self.t_first = now
         self.t_end = 0.0
+        self.raised: Record | None = None  # the call raise_on_violations failed first
 
 
 # Groups scheduled for delivery and not yet delivered. Whoever pops a
 # group (the loop's delivery callback, or the off-loop fallback when a loop
 # stopped first) delivers it; dict.pop is atomic, so it happens once.
 unclaimed: dict[StepGroup, StepGroup] = {}
-# Set by _delivery: (group) -> None, run on the loop thread after the step.
-flush_callback: Callable[[StepGroup], None] | None = None
+# Set by _delivery: (batch of groups) -> None, run on the loop thread after the steps.
+flush_callback: Callable[[list[StepGroup]], None] | None = None
 # Set by _delivery: hands groups whose loop stopped before their delivery
 # callback ran to the off-loop worker.
 orphan_handler: Callable[[list[StepGroup]], None] | None = None
@@ -210,8 +203,8 @@ def _record(event: str, args: tuple[Any, ...], rule: _Rule, loop: AbstractEventL
         and make_violation is not None
     ):
         group, record = captured
-        if record is not None:
-            record.raised = True
+        if record is not None and group.raised is None:
+            group.raised = record
         # Raised from the hook, the exception aborts the call before it runs
         # and surfaces at the offending line, inside the offending task.
         raise make_violation(group)
@@ -231,7 +224,10 @@ def _capture(
 ) -> tuple[StepGroup, Record | None] | None:
     task = current_task(loop)
     root: FrameType | None = None
-    if task is not None:
+    if task is not None and state.base_frame is None:
+        # The task's coroutine frame bounds the step. Only needed when the
+        # loop's entry frame is unknown (detection started inside a running
+        # loop): reading cr_frame is an audit event of its own.
         root = getattr(task.get_coro(), "cr_frame", None)
     # 0: _capture, 1: _record, 2: audit_hook, 3: whoever raised the event.
     walked = _walk_step(sys._getframe(3), event, root, state)
@@ -270,7 +266,7 @@ def _capture(
             group.t_end = now  # a new step began, so the previous one had ended
         group = StepGroup(loop, key, task, now)
         state.group = group
-        _schedule(group, loop)
+        _schedule(group, loop, state)
     record: Record | None = None
     if len(group.records) < _state.config.max_events_per_step:
         record = Record(event, _summarize(args), trace, site, now, weight)
@@ -326,6 +322,8 @@ def _walk_step(
 
 
 def _is_allowed(event: str, args: tuple[Any, ...], frames: list[FrameType], kinds: list[Kind]) -> bool:
+    if _made_by_tooling(frames[0]):
+        return True
     for rule in _harmless_for(event):
         if _harmless_matches(rule, args, frames[0], kinds[0]) and (
             not rule.inside_modules or _inside(rule.inside_modules, frames, kinds)
@@ -341,15 +339,27 @@ def _is_allowed(event: str, args: tuple[Any, ...], frames: list[FrameType], kind
 
 
 _harmless_by_event: dict[str, tuple[_internals.HarmlessRule, ...]] = {}
+# Rules for any event whose only condition is the caller's module (test and
+# coverage tooling): decided once per module name.
 _harmless_any: tuple[_internals.HarmlessRule, ...] = tuple(r for r in _internals.HARMLESS if not r.event)
+_tooling_by_module: dict[object, bool] = {}
 
 
 def _harmless_for(event: str) -> tuple[_internals.HarmlessRule, ...]:
     rules = _harmless_by_event.get(event)
     if rules is None:
-        rules = tuple(r for r in _internals.HARMLESS if event in r.event) + _harmless_any
+        rules = tuple(r for r in _internals.HARMLESS if event in r.event)
         _harmless_by_event[event] = rules
     return rules
+
+
+def _made_by_tooling(caller: FrameType) -> bool:
+    name = caller.f_globals.get("__name__")
+    verdict = _tooling_by_module.get(name)
+    if verdict is None:
+        verdict = any(module_in(caller, r.caller_modules, r.caller_prefixes) for r in _harmless_any)
+        _tooling_by_module[name] = verdict
+    return verdict
 
 
 def module_in(frame: FrameType, modules: tuple[str, ...], prefixes: tuple[str, ...]) -> bool:
@@ -407,16 +417,28 @@ class BufferSummary:
         return f"<{self.size} bytes>"
 
 
-def _schedule(group: StepGroup, loop: AbstractEventLoop) -> None:
+def _schedule(group: StepGroup, loop: AbstractEventLoop, state: _ThreadState) -> None:
+    # One delivery callback per loop iteration, not per step: the first step
+    # with a blocking call schedules it, later ones in the same iteration join
+    # its batch (call_soon'd callbacks run in the next iteration, after them).
     unclaimed[group] = group
+    pending = state.pending
+    if pending is not None:
+        pending.append(group)
+        return
+    state.pending = pending = [group]
     if flush_callback is None:
         return
     try:
-        loop.call_soon(flush_callback, group, context=group.context)
+        loop.call_soon(flush_callback, pending, context=_EMPTY_CONTEXT.copy())
     except Exception:
-        # The loop refused (closing?): the off-loop fallback delivers it when
-        # the loop stops or the process exits.
+        # The loop refused (closing?): the off-loop fallback delivers these
+        # when the loop stops or the process exits.
+        state.pending = None
         logger.debug("aiocop: could not schedule delivery on %r", loop, exc_info=True)
+
+
+_EMPTY_CONTEXT = Context()
 
 
 def _on_loop_boundary() -> None:
@@ -430,6 +452,7 @@ def _on_loop_boundary() -> None:
     # outer edge of every step; keep it only while the loop runs.
     state.base_frame = None if stopping else sys._getframe(2)
     state.group = None
+    state.pending = None
     # Hand any group whose delivery callback may never run (its loop stopped
     # first) to the off-loop worker.
     ident = threading.get_ident()

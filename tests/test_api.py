@@ -341,3 +341,34 @@ def test_bad_input_is_rejected_with_a_clear_error(call: object, error: type[Exce
     with pytest.raises(error):
         call()  # type: ignore[operator]
     aiocop.stop()
+
+
+def test_events_format_lazily_and_behave_like_dataclasses(detector: Collector, loop_name: str) -> None:
+    import copy
+    import dataclasses
+    import pickle
+
+    async def main() -> None:
+        os.stat(".")
+        await asyncio.sleep(0)
+
+    run_on(loop_name, main())
+    [event] = detector.events
+    assert "blocking_events" not in vars(event)  # nothing formatted until read
+    [call] = event.blocking_events
+    assert call["name"] == "os.stat" and call["entry_point"].endswith(":main")
+    assert event.loop.split("@")[0].split(".")[0] in ("asyncio", "uvloop", "winloop", "rloop", "veloxloop")
+    assert dataclasses.asdict(event)["blocking_events"][0]["name"] == "os.stat"
+    assert dataclasses.replace(event, elapsed_ms=1.0).blocking_events == event.blocking_events
+    assert pickle.loads(pickle.dumps(event)) == event
+    assert copy.deepcopy(event) == event
+    assert "os.stat" in repr(event)
+    with pytest.raises(AttributeError):
+        event.no_such_field
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.elapsed_ms = 0  # type: ignore[misc]
+
+
+def test_events_built_by_hand_keep_working() -> None:
+    event = aiocop.SlowTaskEvent(1.0, 30.0, False, 0, "low", "cpu_blocking", [])
+    assert event.blocking_events == [] and event.loop == "" and event.context == {}
