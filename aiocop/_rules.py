@@ -12,7 +12,6 @@ the audit hook sees a change at once.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,9 +33,9 @@ class BlockingCall:
     condition: Condition = "always"
     """`"blocking_socket"`: only when the socket (first argument) is in blocking mode;
     `"positive_delay"`: only when the first argument is a delay above zero."""
+    native_since: tuple[int, int] | None = None
+    """For wrapper events: the Python version from which CPython raises the event itself."""
 
-
-_NATIVE_SLEEP = sys.version_info >= (3, 13)
 
 H, M, L, T = WEIGHT_HEAVY, WEIGHT_MODERATE, WEIGHT_LIGHT, WEIGHT_TRIVIAL
 
@@ -46,9 +45,10 @@ BLOCKING_CALLS: tuple[BlockingCall, ...] = (
         "time.sleep",
         H,
         "sleep",
-        "native" if _NATIVE_SLEEP else "wrapper",
+        "wrapper",
         "time.sleep() with a positive delay",
         "positive_delay",
+        native_since=(3, 13),
     ),
     BlockingCall("select.select", H, "wait", "wrapper", "select.select() with a non-zero timeout"),
     BlockingCall("select.poll", H, "wait", "wrapper", "select.poll().poll() with a non-zero timeout"),

@@ -54,10 +54,11 @@ class PatchTarget:
     event: str
     kind: Kind
     until: tuple[int, int] | None = None  # not patched from this Python version on
+    label: str = ""  # the name users know it by, when the owner is an implementation detail
 
     @property
     def name(self) -> str:
-        return f"{self.owner.replace(':', '.')}.{self.attr}"
+        return self.label or f"{self.owner.replace(':', '.')}.{self.attr}"
 
 
 _SOCKET_METHODS = ("accept", "send", "sendall", "recv", "recv_into", "recvfrom", "recvfrom_into", "recvmsg")
@@ -77,11 +78,17 @@ PATCH_TARGETS: tuple[PatchTarget, ...] = (
     PatchTarget("ssl:SSLSocket", "read", "ssl.SSLSocket.read", "socket"),
     PatchTarget("ssl:SSLSocket", "write", "ssl.SSLSocket.write", "socket"),
     PatchTarget("select", "select", "select.select", "select"),
-    PatchTarget("aiocop._wrappers:PollType", "poll", "select.poll", "poll"),
-    PatchTarget("_thread:LockType", "acquire", "threading.Lock.acquire", "lock_acquire"),
-    PatchTarget("_thread:LockType", "__enter__", "threading.Lock.acquire", "lock_enter"),
-    PatchTarget("_thread:RLock", "acquire", "threading.Lock.acquire", "lock_acquire"),
-    PatchTarget("_thread:RLock", "__enter__", "threading.Lock.acquire", "lock_enter"),
+    PatchTarget("aiocop._wrappers:PollType", "poll", "select.poll", "poll", label="select.poll().poll"),
+    PatchTarget(
+        "_thread:LockType", "acquire", "threading.Lock.acquire", "lock_acquire", label="threading.Lock.acquire"
+    ),
+    PatchTarget(
+        "_thread:LockType", "__enter__", "threading.Lock.acquire", "lock_enter", label="threading.Lock.__enter__"
+    ),
+    PatchTarget("_thread:RLock", "acquire", "threading.Lock.acquire", "lock_acquire", label="threading.RLock.acquire"),
+    PatchTarget(
+        "_thread:RLock", "__enter__", "threading.Lock.acquire", "lock_enter", label="threading.RLock.__enter__"
+    ),
     PatchTarget("threading:Event", "wait", "threading.Event.wait", "event_wait"),
     PatchTarget("threading:Condition", "wait", "threading.Condition.wait", "condition_wait"),
     PatchTarget("queue:Queue", "get", "queue.Queue.get", "queue_get"),
