@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, get_args
 
-from aiocop import _callbacks, _delivery, _hook, _rules, _state, _wrappers
+from aiocop import _callbacks, _delivery, _hook, _loops, _rules, _state, _watchdog, _wrappers
 from aiocop._scope import ContextVarScope
 from aiocop._severity import level_threshold
 from aiocop._state import Delivery
@@ -72,20 +72,67 @@ def detect_slow_tasks(
     on_slow_task: SlowTaskCallback | None = None,
     cpu_sampling: bool = True,
 ) -> None:
-    """Set the slow-step threshold and, optionally, register a callback.
+    """Report steps that hold their loop for `threshold_ms` or more.
+
+    Starts the stall watchdog (unless `cpu_sampling=False`): a background
+    thread that notices a loop stuck in one step, whatever the cause (CPU-bound
+    code, C extensions, functions bound before patching), samples where it is
+    stuck and reports a `SlowTaskEvent(reason="cpu_blocking")`, or adds the
+    samples to the io event of the same step. Calling again changes the
+    threshold at once.
 
     Args:
         threshold_ms: A step is slow (`exceeded_threshold`) from this many ms.
-            Can be changed at any time by calling again.
         on_slow_task: Registered with `register_slow_task_callback`.
-        cpu_sampling: Accepted for 1.x compatibility; the stall watchdog that
-            uses it is not part of this release yet.
+        cpu_sampling: Start the watchdog with default settings if
+            `start_cpu_sampling()` has not started it.
     """
+    if not isinstance(cpu_sampling, bool):
+        raise TypeError(f"cpu_sampling must be a bool, not {cpu_sampling!r}")
     _state.config.threshold_ms = _check_ms("threshold_ms", threshold_ms)
     if on_slow_task is not None:
         _callbacks.register_slow_task_callback(on_slow_task)
-    if not isinstance(cpu_sampling, bool):
-        raise TypeError(f"cpu_sampling must be a bool, not {cpu_sampling!r}")
+    if cpu_sampling and not _watchdog.watchdog.running:
+        _start_watchdog()
+
+
+def start_cpu_sampling(
+    interval_ms: float = 10,
+    arm_after_ms: float | None = None,
+    idle_interval_ms: float | None = None,
+    max_samples_per_slice: int = 32,
+    trace_depth: int = 20,
+) -> None:
+    """Start (or reconfigure) the stall watchdog.
+
+    Args:
+        interval_ms: Time between two stack samples of a stuck loop.
+        arm_after_ms: Age of a step from which its stack is sampled (default:
+            half the slow-task threshold, following it when it changes).
+        idle_interval_ms: Time between two looks at loops that were idle; it
+            bounds how precisely a stall's start is known when the stall is a
+            wait rather than CPU work (default 5 ms).
+        max_samples_per_slice: Samples kept per stall.
+        trace_depth: Frames kept per sample.
+    """
+    sampling = _watchdog.sampling
+    sampling.interval_ms = _check_ms("interval_ms", interval_ms)
+    sampling.arm_after_ms = None if arm_after_ms is None else _check_ms("arm_after_ms", arm_after_ms)
+    sampling.idle_interval_ms = None if idle_interval_ms is None else _check_ms("idle_interval_ms", idle_interval_ms)
+    sampling.max_samples_per_slice = _check_int("max_samples_per_slice", max_samples_per_slice, 1)
+    sampling.trace_depth = _check_int("trace_depth", trace_depth, 1)
+    _start_watchdog()
+
+
+def _start_watchdog() -> None:
+    _loops.install()
+    _hook.register_loop = _loops.ensure_registered
+    _watchdog.watchdog.start()
+
+
+def is_cpu_sampling_started() -> bool:
+    """Whether the stall watchdog is running."""
+    return _watchdog.watchdog.running
 
 
 def get_slow_task_threshold_ms() -> float:
@@ -94,13 +141,16 @@ def get_slow_task_threshold_ms() -> float:
 
 
 def stop() -> None:
-    """Uninstall detection: restore wrapped functions, make the hook inert and
-    deliver any pending events. Start again with `start_blocking_io_detection()`.
-    Added in 2.0.
+    """Uninstall detection: restore wrapped functions, make the hook inert, end
+    the watchdog thread and deliver any pending events. Start again with
+    `start_blocking_io_detection()` / `detect_slow_tasks()`. Added in 2.0.
     """
     _state.started = False
     _hook.rebuild()
     _wrappers.unpatch_audit_functions()
+    _watchdog.watchdog.stop()
+    _hook.register_loop = None
+    _loops.uninstall()
     _delivery.drain()
 
 

@@ -8,7 +8,9 @@ a worker thread delivers instead.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import contextvars
 import os
 import threading
 import time
@@ -17,16 +19,19 @@ from queue import SimpleQueue
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-from aiocop import _callbacks, _hook, _state
-from aiocop._events import BlockingEventInfo, RawBlockingEvent, SlowTaskEvent
+from aiocop import _callbacks, _hook, _loops, _state, _watchdog
+from aiocop._events import BlockingEventInfo, CpuStackSample, RawBlockingEvent, SlowTaskEvent
 from aiocop._exceptions import HighSeverityBlockingIoException
-from aiocop._frames import format_frame
+from aiocop._frames import format_frame, is_internal_file
 from aiocop._severity import get_severity_level_from_score
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import CodeType
 
     from aiocop._hook import Record, StepGroup
+    from aiocop._loops import LoopWatch
+    from aiocop._watchdog import Stall
 
 _MAX_ARG_CHARS = 100
 
@@ -124,30 +129,67 @@ def _loop_name(loop: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}@{address}"
 
 
+_GONE = object()
+
+
+def format_samples(samples: list[tuple[tuple[tuple[CodeType, int], ...], int]]) -> list[CpuStackSample]:
+    formatted: list[CpuStackSample] = []
+    for stack, count in samples:
+        pairs = [_frame(code, lasti) for code, lasti in stack]
+        texts = [p[1] for p in pairs]
+        user = next((p[1] for p in pairs if not is_internal_file(p[0][0])), texts[0] if texts else "unknown")
+        frames = [p[0] for p in pairs]
+        formatted.append({"trace": " <- ".join(texts), "entry_point": user, "count": count, "frames": frames})
+    return formatted
+
+
 class _LazyFields:
-    """Formats an event's blocking calls and loop name when first read."""
+    """Formats an event's blocking calls, samples and loop name when first read."""
 
-    __slots__ = ("loop_ref", "loop_type", "raised", "records", "wall_offset")
+    __slots__ = ("loop_ref", "loop_type", "raised", "records", "stall", "wall_offset")
 
-    def __init__(self, group: StepGroup) -> None:
-        self.records = group.records
-        self.raised = group.raised
+    def __init__(self, loop: object, records: list[Record], raised: Record | None, stall: Stall | None) -> None:
+        self.records = records
+        self.raised = raised
+        self.stall = stall
         self.wall_offset = time.time() - perf_counter()
-        self.loop_type = type(group.loop)
-        self.loop_ref = weakref.ref(group.loop)
+        if isinstance(loop, str):  # already named (the watchdog names loops when they start)
+            self.loop_type: Any = loop
+            self.loop_ref: Any = None
+        else:
+            self.loop_type = type(loop)
+            self.loop_ref = weakref.ref(loop)
 
     def __call__(self) -> dict[str, Any]:
-        loop = self.loop_ref()
+        loop = self.loop_ref() if self.loop_ref is not None else _GONE
         cls = self.loop_type
+        events = [format_record(r, self.wall_offset, r is self.raised) for r in self.records]
+        stall = self.stall
+        samples = format_samples(stall.samples) if stall is not None else []
+        call_site = events[0]["entry_point"] if events else samples[0]["entry_point"] if samples else ""
         return {
-            "blocking_events": [format_record(r, self.wall_offset, r is self.raised) for r in self.records],
-            "loop": _loop_name(loop) if loop is not None else f"{cls.__module__}.{cls.__qualname__}@(gone)",
+            "blocking_events": events,
+            "cpu_stack_samples": samples,
+            "call_site": call_site,
+            "culprit": stall.culprit() if stall is not None else "",
+            "loop": (
+                cls
+                if isinstance(cls, str)
+                else _loop_name(loop)
+                if loop is not None
+                else f"{cls.__module__}.{cls.__qualname__}@(gone)"
+            ),
         }
 
 
 def build_event(group: StepGroup, context: dict[str, Any] | None = None) -> SlowTaskEvent:
     score = group.score
-    elapsed_ms = ((group.t_end or perf_counter()) - group.t_first) * 1000.0
+    stall = group.stall
+    # A CPU-bound stall's start (from the thread's CPU clock) can be earlier
+    # than the first blocking call, and then it is the step's; for a wait,
+    # the call's own timestamp is the better bound.
+    start = group.t_first if stall is None or stall.waiting else min(group.t_first, stall.start)
+    elapsed_ms = ((group.t_end or perf_counter()) - start) * 1000.0
     threshold_ms = _state.config.threshold_ms
     task = group.task
     # SlowTaskEvent is a frozen dataclass (as in 1.x). Its __dict__ is filled
@@ -163,12 +205,32 @@ def build_event(group: StepGroup, context: dict[str, Any] | None = None) -> Slow
         severity_level=get_severity_level_from_score(score),
         reason="io_blocking",
         context=context if context is not None else {},
-        cpu_stack_samples=[],
         task_name=task.get_name() if task is not None else None,
         thread_name=group.thread_name,
         thread_id=group.thread_id,
         dropped_events=group.dropped,
-        _resolve=_LazyFields(group),
+        _resolve=_LazyFields(group.loop, group.records, group.raised, stall),
+    )
+    return event
+
+
+def build_stall_event(stall: Stall, task: Any, context: dict[str, Any]) -> SlowTaskEvent:
+    elapsed_ms = (stall.end - stall.start) * 1000.0
+    threshold_ms = _state.config.threshold_ms
+    event = object.__new__(SlowTaskEvent)
+    event.__dict__.update(
+        elapsed_ms=elapsed_ms,
+        threshold_ms=threshold_ms,
+        exceeded_threshold=elapsed_ms >= threshold_ms,
+        severity_score=0,  # as in 1.x: the score counts intercepted calls only
+        severity_level="low",
+        reason="cpu_blocking",
+        context=context,
+        task_name=task.get_name() if task is not None else None,
+        thread_name=stall.watch.thread_name,
+        thread_id=stall.watch.thread_id,
+        dropped_events=0,
+        _resolve=_LazyFields(stall.watch.loop_name, [], None, stall),
     )
     return event
 
@@ -182,15 +244,23 @@ def deliver_now(group: StepGroup) -> None:
     try:
         _callbacks.invoke_callbacks(build_event(group, _callbacks.capture_context()))
     except Exception:
-        _hook._internal_error()
+        _hook._internal_error("delivering an event")
     finally:
         state.busy = was_busy
 
 
 def flush(batch: list[StepGroup]) -> None:
     """Run by the loop after the steps of an iteration: they are over, deliver them."""
-    now = perf_counter()
     state = _hook.thread_state
+    was_busy, state.busy = state.busy, True  # nothing aiocop does here is the app's blocking
+    try:
+        _flush(batch, state)
+    finally:
+        state.busy = was_busy
+
+
+def _flush(batch: list[StepGroup], state: Any) -> None:
+    now = perf_counter()
     if state.pending is batch:
         state.pending = None
     if state.group is not None and state.group in batch:
@@ -200,6 +270,7 @@ def flush(batch: list[StepGroup]) -> None:
         if not group.t_end:
             group.t_end = now
         if _hook.claim(group):
+            _take_stall(group)
             claimed.append(group)
     if not claimed:
         return
@@ -209,6 +280,72 @@ def flush(batch: list[StepGroup]) -> None:
     for group in claimed:
         # Each step's providers and callbacks run in (a copy of) its own context.
         group.context.run(deliver_now, group)
+
+
+def _take_stall(group: StepGroup) -> None:
+    # If the watchdog is watching this very step stall, its samples join this
+    # event and it will not report the stall again.
+    watch = _loops.watches.get(group.thread_id)
+    if watch is None:
+        return
+    with _watchdog.merge_lock:
+        step = watch.step
+        if group.stall is None and step is not None and step.stalled and not step.merged:
+            step.merged = True
+            group.stall = _watchdog.Stall(
+                watch, step.start(), group.t_end, step.samples.most_common(), not step.cpu_bound(), step.root
+            )
+        start = group.t_first if group.stall is None else min(group.t_first, group.stall.start)
+        watch.last_io = (start, group.t_end)
+
+
+def _attach_to_io(watch: LoopWatch, stall: Stall) -> bool:
+    # Called by the watchdog (under merge_lock) when a stall ends: an io event
+    # of the same step still waiting for delivery takes the stall over.
+    for group in list(_hook.unclaimed):
+        if group.thread_id == watch.thread_id and group.stall is None and stall.start <= group.t_first <= stall.end:
+            group.stall = stall
+            return True
+    return False
+
+
+def _task_of(stall: Stall) -> Any:
+    loop = stall.watch.loop
+    root = stall.root
+    if loop is None or root is None:
+        return None
+    try:
+        for task in asyncio.all_tasks(loop):
+            if getattr(task.get_coro(), "cr_frame", None) is root:
+                return task
+    except RuntimeError:  # the task set changed under us: no name then
+        return None
+    return None
+
+
+def _report_stall(stall: Stall) -> None:
+    task = _task_of(stall)
+    get_context = getattr(task, "get_context", None)  # Task.get_context() is 3.12+
+    context = get_context().copy() if get_context is not None else contextvars.Context()
+
+    def deliver() -> None:
+        state = _hook.thread_state
+        was_busy, state.busy = state.busy, True
+        try:
+            _callbacks.invoke_callbacks(build_stall_event(stall, task, _callbacks.capture_context()))
+        except Exception:
+            _hook._internal_error("delivering a stall")
+        finally:
+            state.busy = was_busy
+
+    loop = stall.watch.loop
+    if _state.config.delivery == "loop" and loop is not None and loop.is_running():
+        try:
+            loop.call_soon_threadsafe(deliver, context=context)
+            return
+        except RuntimeError:  # closed meanwhile: deliver off the loop
+            pass
+    _worker.submit_call(lambda: context.run(deliver))
 
 
 def make_violation(group: StepGroup) -> HighSeverityBlockingIoException:
@@ -228,7 +365,7 @@ class _Worker:
     def __init__(self) -> None:
         # Items: groups to deliver, or an Event to set once everything queued
         # before it has been delivered (see drain).
-        self._queue: SimpleQueue[list[StepGroup] | threading.Event] = SimpleQueue()
+        self._queue: SimpleQueue[list[StepGroup] | threading.Event | Callable[[], None]] = SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -236,6 +373,11 @@ class _Worker:
         if self._thread is None:
             self._start()
         self._queue.put(groups)
+
+    def submit_call(self, call: Callable[[], None]) -> None:
+        if self._thread is None:
+            self._start()
+        self._queue.put(call)
 
     def _start(self) -> None:
         with self._lock:
@@ -248,6 +390,12 @@ class _Worker:
             groups = self._queue.get()
             if isinstance(groups, threading.Event):
                 groups.set()
+                continue
+            if callable(groups):
+                try:
+                    groups()
+                except Exception:
+                    _hook._internal_error("delivering off the loop")
                 continue
             for group in groups:
                 if not group.t_end:
@@ -285,6 +433,8 @@ def drain() -> None:
 
 
 _hook.flush_callback = flush
+_watchdog.report_stall = _report_stall
+_watchdog.attach_to_io = _attach_to_io
 _hook.orphan_handler = _orphans
 _hook.make_violation = make_violation
 atexit.register(drain)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 # Fields aiocop may leave out of a fresh event's __dict__ and compute on first
 # read: formatting waits until someone looks at the event.
-_LAZY_FIELDS = frozenset({"blocking_events", "loop"})
+_LAZY_FIELDS = frozenset({"blocking_events", "loop", "cpu_stack_samples", "call_site", "culprit"})
 
 
 class RawBlockingEvent(TypedDict):
@@ -54,12 +54,20 @@ class BlockingEventInfo(_BlockingEventInfoBase, total=False):
     raised: bool
 
 
-class CpuStackSample(TypedDict):
-    """Stack samples aggregated while a step held the loop (1.x shape)."""
-
+class _CpuStackSampleBase(TypedDict):
     trace: str
     entry_point: str
     count: int
+
+
+class CpuStackSample(_CpuStackSampleBase, total=False):
+    """Identical stack samples taken while a step held the loop, with their count.
+
+    The 1.x keys `trace`, `entry_point` and `count` are always present; `frames`
+    (the trace as `(filename, lineno, function)` tuples) is added in 2.0.
+    """
+
+    frames: list[tuple[str, int, str]]
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,12 @@ class SlowTaskEvent:
         loop: The loop's class and id, e.g. `"uvloop.Loop@0x7f.."`. Added in 2.0.
         dropped_events: Blocking calls not kept because the step exceeded the
             per-step buffer. Added in 2.0.
+        call_site: The user's line most to blame: the first blocking call's
+            `entry_point`, or for a stall the line the samples found most often.
+            Added in 2.0.
+        culprit: For a stall seen by the watchdog, what the loop was doing,
+            e.g. `"waiting in sleep(0.05) (sleep)"` or `"running
+            zlib.compress(data)"`. Added in 2.0.
     """
 
     elapsed_ms: float
@@ -104,8 +118,12 @@ class SlowTaskEvent:
     task_name: str | None = None
     thread_name: str = ""
     thread_id: int = 0
-    loop: str = ""
+    # Lazily computed fields must not have a class-level default (which
+    # __getattr__ would never get past): they use default factories.
+    loop: str = field(default_factory=str)
     dropped_events: int = 0
+    call_site: str = field(default_factory=str)
+    culprit: str = field(default_factory=str)
 
     # Only called for attributes missing from __dict__: the lazy fields of an
     # event built by aiocop, before anyone has read them.

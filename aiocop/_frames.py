@@ -78,6 +78,25 @@ def _classify(name: object, module_globals: dict[str, Any]) -> Kind:
     return Kind.STDLIB if top in _STDLIB_NAMES else Kind.USER
 
 
+_file_internal: dict[str, bool] = {}
+
+
+def is_internal_file(filename: str) -> bool:
+    """Whether code from this file is the stdlib, an event loop or aiocop (cached)."""
+    internal = _file_internal.get(filename)
+    if internal is None:
+        internal = (
+            filename.startswith(("<frozen ", _AIOCOP_DIR))
+            or any(os.sep + pkg + os.sep in filename for pkg in LOOP_PACKAGES)
+            or (filename.startswith(_STDLIB_DIRS) and not any(m in filename for m in _THIRD_PARTY_MARKERS))
+        )
+        _file_internal[filename] = internal
+    return internal
+
+
+_AIOCOP_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 def is_internal(frame: FrameType) -> bool:
     """Whether a frame is the stdlib, an event loop or aiocop (never "the user's line")."""
     return frame_kind(frame) != Kind.USER

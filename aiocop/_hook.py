@@ -142,6 +142,7 @@ class StepGroup:
         "raised",
         "records",
         "score",
+        "stall",
         "t_end",
         "t_first",
         "task",
@@ -163,6 +164,7 @@ class StepGroup:
         self.t_first = now
         self.t_end = 0.0
         self.raised: Record | None = None  # the call raise_on_violations failed first
+        self.stall: Any = None  # the watchdog's view of this step, if it stalled
 
 
 # Groups scheduled for delivery and not yet delivered. Whoever pops a
@@ -176,6 +178,9 @@ flush_callback: Callable[[list[StepGroup]], None] | None = None
 orphan_handler: Callable[[list[StepGroup]], None] | None = None
 # Set by _delivery: builds the exception raised by raise_on_violations.
 make_violation: Callable[[StepGroup], BaseException] | None = None
+
+# Set by _api while the watchdog runs: registers the running loop of this thread.
+register_loop: Callable[[AbstractEventLoop], None] | None = None
 
 _internal_errors = 0
 
@@ -210,13 +215,13 @@ def _record(event: str, args: tuple[Any, ...], rule: _Rule, loop: AbstractEventL
         raise make_violation(group)
 
 
-def _internal_error() -> None:
+def _internal_error(what: str = "recording a blocking call") -> None:
     # aiocop must never break the application: log the first few failures
     # and carry on without the event.
     global _internal_errors
     _internal_errors += 1
     if _internal_errors <= 3:
-        logger.exception("aiocop: internal error while recording a blocking call (ignored)")
+        logger.exception("aiocop: internal error while %s (ignored)", what)
 
 
 def _capture(
@@ -237,23 +242,7 @@ def _capture(
     if _is_allowed(event, args, frames, kinds):
         return None
 
-    # Keep (code, f_lasti) pairs: the line number is worked out only when
-    # someone formats the event (f_lineno decodes the line table every time).
-    # Only these frames pay for reading f_code (an audit event of its own).
-    depth = _state.config.trace_depth
-    trace: list[tuple[CodeType, int]] = []
-    site: tuple[CodeType, int] | None = None
-    for frame, kind in zip(frames, kinds, strict=True):
-        if len(trace) < depth:
-            code = frame.f_code
-            trace.append((code, frame.f_lasti))
-            if site is None and kind == Kind.USER:
-                site = trace[-1]
-        elif site is not None:
-            break
-        elif kind == Kind.USER:
-            site = (frame.f_code, frame.f_lasti)
-            break
+    trace, site = _trace(frames, kinds, _state.config.trace_depth)
 
     now = perf_counter()
     group = state.group
@@ -267,6 +256,8 @@ def _capture(
         group = StepGroup(loop, key, task, now)
         state.group = group
         _schedule(group, loop, state)
+        if register_loop is not None:
+            register_loop(loop)  # a loop the watchdog may not know (one that sets no asyncgen hooks)
     record: Record | None = None
     if len(group.records) < _state.config.max_events_per_step:
         record = Record(event, _summarize(args), trace, site, now, weight)
@@ -275,6 +266,30 @@ def _capture(
         group.dropped += 1
     group.score += weight
     return group, record
+
+
+def _trace(
+    frames: list[FrameType], kinds: list[Kind], depth: int
+) -> tuple[list[tuple[CodeType, int]], tuple[CodeType, int] | None]:
+    """The first `depth` frames, and the user's frame (even beyond `depth`).
+
+    Kept as (code, f_lasti) pairs: the line number is worked out only when
+    someone formats the event (f_lineno decodes the line table every time).
+    Only these frames pay for reading f_code (an audit event of its own).
+    """
+    trace: list[tuple[CodeType, int]] = []
+    site: tuple[CodeType, int] | None = None
+    for frame, kind in zip(frames, kinds, strict=True):
+        if len(trace) < depth:
+            trace.append((frame.f_code, frame.f_lasti))
+            if site is None and kind == Kind.USER:
+                site = trace[-1]
+        elif site is not None:
+            break
+        elif kind == Kind.USER:
+            site = (frame.f_code, frame.f_lasti)
+            break
+    return trace, site
 
 
 def _walk_step(

@@ -20,6 +20,36 @@ if TYPE_CHECKING:
 LOOP_NAMES = ("asyncio", "uvloop", "winloop", "rloop", "veloxloop")
 
 
+def _fix_rloop_double_close() -> None:
+    """Work around an rloop 0.5 bug for the test session.
+
+    At the end of every run, rloop closes its self-pipe fds in Rust while the
+    Python socket objects still own them, and those close the same numbers
+    again when collected. If anything delays that collection (another thread
+    holding the GIL, a sampler such as aiocop's watchdog, a debugger), the
+    second close hits whatever reused the numbers: rloop's own epoll fd or the
+    next run's self-pipe. Detaching the already-closed sockets removes the
+    double close without changing anything else rloop does.
+    """
+    try:
+        from rloop.loop import RLoop
+    except ImportError:
+        return
+    original = RLoop._ssock_stop
+
+    def _ssock_stop(self: Any) -> None:
+        sockets = (self._ssock_r, self._ssock_w)
+        original(self)
+        for sock in sockets:
+            if sock is not None:
+                sock.detach()
+
+    RLoop._ssock_stop = _ssock_stop  # type: ignore[method-assign]
+
+
+_fix_rloop_double_close()
+
+
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
     if name == "asyncio":
         return asyncio.new_event_loop

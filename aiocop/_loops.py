@@ -1,0 +1,182 @@
+"""Which threads are running an event loop right now, for the stall watchdog.
+
+Every loop that supports async generators calls `sys.set_asyncgen_hooks()`
+on its own thread when it starts (with its own methods as hooks) and again
+when it stops (restoring the previous hooks). A thin wrapper around that
+function learns each loop, its thread and the frame that called into it,
+whatever the loop is written in. Loops that never set the hooks (veloxloop
+0.2) are registered by the audit hook at their first blocking call, or found
+by the watchdog on the stack of a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+import weakref
+from asyncio import AbstractEventLoop, _get_running_loop
+from typing import TYPE_CHECKING, Any
+
+from aiocop._internals import LOOP_FRAMES
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
+
+logger = logging.getLogger("aiocop")
+
+
+class LoopWatch:
+    """A running loop and the watchdog's view of it."""
+
+    __slots__ = (
+        "base_frame",
+        "beat_done",
+        "beat_posted",
+        "cpu_clock",
+        "idle_cpu",
+        "idle_t",
+        "last_io",
+        "loop_name",
+        "loop_ref",
+        "step",
+        "thread_id",
+        "thread_name",
+    )
+
+    def __init__(self, loop: AbstractEventLoop, base_frame: FrameType | None, thread_id: int | None = None) -> None:
+        if thread_id is None:
+            thread = threading.current_thread()
+            self.thread_id = thread.ident or 0
+            self.thread_name = thread.name
+        else:  # a loop found on another thread's stack
+            self.thread_id = thread_id
+            self.thread_name = next((t.name for t in threading.enumerate() if t.ident == thread_id), "")
+        self.loop_ref = weakref.ref(loop)
+        cls = type(loop)
+        # object.__repr__ gives the address without id() (an audited call).
+        address = object.__repr__(loop).rpartition(" at ")[2].rstrip(">")
+        self.loop_name = f"{cls.__module__}.{cls.__qualname__}@{address}"
+        self.base_frame = base_frame
+        self.cpu_clock = _cpu_clock(self.thread_id)
+        # Owned by the watchdog thread (see _watchdog.py).
+        self.step: Any = None
+        self.beat_posted = 0.0  # perf_counter() of the heartbeat in flight, or 0
+        self.beat_done = 0.0  # when the last heartbeat ran on the loop
+        self.last_io: tuple[float, float] = (0.0, 0.0)  # window of the last io event delivered
+        self.idle_t = 0.0  # last poll that saw the loop idle, and its CPU clock then
+        self.idle_cpu: float | None = None
+
+    @property
+    def loop(self) -> AbstractEventLoop | None:
+        return self.loop_ref()
+
+    def cpu_time(self) -> float | None:
+        if self.cpu_clock is None:
+            return None
+        try:
+            return time.clock_gettime(self.cpu_clock)
+        except OSError:  # the thread has gone
+            return None
+
+
+def _cpu_clock(thread_id: int) -> int | None:
+    # The loop thread's own CPU clock, readable from the watchdog: it tells
+    # a CPU-bound stall from a wait, and when a CPU-bound stall began.
+    try:
+        return time.pthread_getcpuclockid(thread_id)
+    except (AttributeError, OSError):  # not on this platform
+        return None
+
+
+# thread id -> the loop running on it. Written by loop threads (start/stop),
+# read by the watchdog; replaced whole on every change so readers never see
+# a dict being resized.
+watches: dict[int, LoopWatch] = {}
+_watch_lock = threading.Lock()
+# Called with the new watch when a loop starts (the watchdog wakes up).
+on_change: Callable[[], None] | None = None
+
+
+def register(loop: AbstractEventLoop, base_frame: FrameType | None, thread_id: int | None = None) -> LoopWatch:
+    """Record that `loop` runs on the current thread (or the given one)."""
+    global watches
+    watch = LoopWatch(loop, base_frame, thread_id)
+    with _watch_lock:
+        watches = {**watches, watch.thread_id: watch}
+    if on_change is not None:
+        on_change()
+    return watch
+
+
+def unregister(thread_id: int) -> None:
+    global watches
+    with _watch_lock:
+        if thread_id in watches:
+            watches = {k: v for k, v in watches.items() if k != thread_id}
+
+
+def ensure_registered(loop: AbstractEventLoop) -> None:
+    """Register the loop running on this thread if no start was seen (e.g. veloxloop)."""
+    watch = watches.get(threading.get_ident())
+    if watch is None or watch.loop is not loop:
+        register(loop, None)
+
+
+_PYTHON_LOOP_PACKAGES = frozenset(f.module.partition(".")[0] for f in LOOP_FRAMES)
+_original_set_hooks: Callable[..., Any] | None = None
+_MISSING = object()
+
+
+def _set_asyncgen_hooks(*args: Any, **kwargs: Any) -> Any:
+    firstiter = kwargs.get("firstiter", args[0] if args else _MISSING)
+    owner = getattr(firstiter, "__self__", None)
+    try:
+        if isinstance(owner, AbstractEventLoop):
+            # A loop starts. For a loop written in C, the frame that called it
+            # bounds its steps; a loop written in Python is bounded by its own
+            # dispatch frames (_internals.LOOP_FRAMES), so nothing is kept for
+            # it (holding a frame keeps its locals alive).
+            python_loop = type(owner).__module__.partition(".")[0] in _PYTHON_LOOP_PACKAGES
+            register(owner, None if python_loop else sys._getframe(1))
+        elif firstiter is not _MISSING:
+            unregister(threading.get_ident())  # hooks restored: the loop stopped
+    except Exception:  # never let bookkeeping break a loop's start
+        logger.exception("aiocop: could not track an event loop start/stop (ignored)")
+    assert _original_set_hooks is not None
+    return _original_set_hooks(*args, **kwargs)
+
+
+def install() -> None:
+    """Wrap `sys.set_asyncgen_hooks` (idempotent) and register a loop already running here."""
+    global _original_set_hooks
+    if _original_set_hooks is None:
+        _original_set_hooks = sys.set_asyncgen_hooks
+        sys.set_asyncgen_hooks = _set_asyncgen_hooks
+    running = _get_running_loop()
+    if running is not None:
+        ensure_registered(running)
+
+
+def uninstall() -> None:
+    global _original_set_hooks, watches
+    if _original_set_hooks is not None:
+        if sys.set_asyncgen_hooks is _set_asyncgen_hooks:
+            sys.set_asyncgen_hooks = _original_set_hooks
+        _original_set_hooks = None
+    with _watch_lock:
+        watches = {}
+
+
+def reinit_after_fork() -> None:
+    global watches, _watch_lock
+    _watch_lock = threading.Lock()
+    # Only the forking thread survives; its loop (if any) keeps running there.
+    ident = threading.get_ident()
+    watches = {k: v for k, v in watches.items() if k == ident}
+    for watch in watches.values():
+        watch.thread_id = ident
+        watch.cpu_clock = _cpu_clock(ident)
+        watch.step = None

@@ -1,0 +1,425 @@
+"""The stall watchdog: one background thread that notices stuck event loops.
+
+Call interception cannot see blocking that raises no audit event: CPU-bound
+code, C extensions, functions bound before patching. The watchdog polls the
+stacks of every registered loop thread (`sys._current_frames`). A loop is in
+a step when its stack reaches above the step's edge (the same edges the audit
+hook uses); a step that is still running after `threshold_ms` is a stall.
+While it lasts, the loop thread's stack is sampled every `interval_ms`; when
+it ends, one `SlowTaskEvent(reason="cpu_blocking")` is reported, or the
+samples join the io event of the same step.
+
+Timing without wrapping anything: a stall's start and end are bracketed by
+polls (every `busy_poll_ms` while a loop is busy, `idle_interval_ms` while all
+are idle) and refined by the loop thread's CPU clock, which for a CPU-bound
+stall gives the start and end to within the clock's resolution. On loops
+written in C, where one task's consecutive steps share a root frame, a
+heartbeat (`call_soon_threadsafe`) sent only when the same root is seen twice
+in a row tells "still stuck" from "busy but iterating".
+
+The watchdog never touches a loop that is not stuck and adds nothing to the
+work of a step; its own cost is a few microseconds per poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from asyncio import AbstractEventLoop
+from collections import Counter
+from dataclasses import dataclass
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+from aiocop import _culprit, _frames, _loops, _state
+from aiocop._frames import Kind
+
+if TYPE_CHECKING:
+    from types import CodeType, FrameType
+
+    from aiocop._loops import LoopWatch
+
+logger = logging.getLogger("aiocop")
+
+_MAX_WALK = 256
+# How often threads not known to run a loop are looked at for one (loops that
+# set no asyncgen hooks and have not blocked yet, e.g. veloxloop).
+_DISCOVERY_S = 0.02
+# A step whose thread gets at least this share of a CPU is working, not waiting.
+_CPU_BOUND_RATE = 0.1
+
+
+@dataclass
+class SamplingConfig:
+    interval_ms: float = 10.0
+    arm_after_ms: float | None = None  # None: half the slow-task threshold
+    idle_interval_ms: float | None = None  # None: _DEFAULT_IDLE_MS
+    busy_poll_ms: float = 2.0
+    max_samples_per_slice: int = 32
+    trace_depth: int = 20
+
+    def arm_after_s(self) -> float:
+        if self.arm_after_ms is not None:
+            return self.arm_after_ms / 1000.0
+        return _state.config.threshold_ms / 2000.0
+
+    def idle_s(self) -> float:
+        return (self.idle_interval_ms if self.idle_interval_ms is not None else _DEFAULT_IDLE_MS) / 1000.0
+
+
+_DEFAULT_IDLE_MS = 5.0
+sampling = SamplingConfig()
+
+
+class Step:
+    """The step a loop was running at the last poll, and what the watchdog saw of it."""
+
+    __slots__ = (
+        "cpu_first",
+        "cpu_last",
+        "cpu_prev",
+        "ident",
+        "merged",
+        "next_sample",
+        "root",
+        "samples",
+        "stalled",
+        "t_first",
+        "t_last",
+        "t_prev",
+    )
+
+    def __init__(
+        self, ident: object, root: FrameType, now: float, prev: float, cpu: float | None, cpu_prev: float | None
+    ) -> None:
+        self.ident = ident
+        self.root = root
+        self.t_prev = prev  # last poll that did not see this step
+        self.t_first = now  # first poll that did
+        self.t_last = now  # latest poll that did
+        self.cpu_prev = cpu_prev
+        self.cpu_first = cpu
+        self.cpu_last = cpu
+        self.samples: Counter[tuple[tuple[CodeType, int], ...]] = Counter()
+        self.next_sample = 0.0
+        self.stalled = False
+        self.merged = False  # its io event took it over
+
+    def cpu_rate(self) -> float:
+        """The share of a CPU the loop thread got while this step ran (0 when waiting).
+
+        A CPU-bound step runs at 1.0 alone, and at less while other threads
+        compete for the GIL: the clock-based estimates below divide by it.
+        """
+        if self.cpu_first is None or self.cpu_last is None or self.t_last <= self.t_first:
+            return 0.0
+        return max(0.0, (self.cpu_last - self.cpu_first) / (self.t_last - self.t_first))
+
+    def cpu_bound(self) -> bool:
+        return self.cpu_rate() >= _CPU_BOUND_RATE
+
+    def start(self) -> float:
+        """Best estimate of when the step began."""
+        rate = self.cpu_rate()
+        if rate >= _CPU_BOUND_RATE and self.cpu_first is not None and self.cpu_prev is not None:
+            # CPU used since the last poll that did not see the step, at the
+            # step's own pace: how long before the first sighting it began.
+            return max(self.t_prev, self.t_first - (self.cpu_first - self.cpu_prev) / rate)
+        return (self.t_prev + self.t_first) / 2.0
+
+    def end(self, now: float, cpu: float | None) -> float:
+        """Best estimate of when the step ended, seen gone at `now`."""
+        rate = self.cpu_rate()
+        if rate >= _CPU_BOUND_RATE and cpu is not None and self.cpu_last is not None:
+            return min(now, max(self.t_last, self.t_last + (cpu - self.cpu_last) / rate))
+        return (self.t_last + now) / 2.0
+
+
+@dataclass
+class Stall:
+    """A finished stall, ready to report or to merge into an io event."""
+
+    watch: LoopWatch
+    start: float
+    end: float
+    samples: list[tuple[tuple[tuple[CodeType, int], ...], int]]
+    waiting: bool  # the loop thread used (almost) no CPU: it was waiting, not working
+    root: FrameType | None
+
+    def culprit(self) -> str:
+        """What the loop was doing (reads source lines: call it off the hot path)."""
+        return describe(self.samples, self.waiting)
+
+
+# Lock for handing a stall to an io event or reporting it alone (exactly once).
+merge_lock = threading.Lock()
+# Set by _delivery: (stall) -> None, reports a stall nobody else took.
+report_stall: Any = None
+# Set by _delivery: (watch, stall) -> bool, gives the stall to a pending io event of that loop.
+attach_to_io: Any = None
+
+
+class Watchdog:
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._last_scan = 0.0
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        if self.running:
+            return
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="aiocop-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        thread = self._thread
+        self._thread = None
+        self._stop.set()
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(2.0)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        stop, wake = self._stop, self._wake
+        while not stop.is_set():
+            try:
+                busy = self.poll()
+            except Exception:
+                logger.exception("aiocop: watchdog poll failed (ignored)")
+                busy = False
+            wake.wait(sampling.busy_poll_ms / 1000.0 if busy else sampling.idle_s())
+            wake.clear()
+
+    def poll(self) -> bool:
+        """Look at every registered loop once; true if any is in a step."""
+        watches = _loops.watches
+        frames = sys._current_frames()
+        now = perf_counter()
+        busy = False
+        for thread_id, watch in watches.items():
+            frame = frames.get(thread_id)
+            if frame is None:
+                self._finish(watch, now)
+                _loops.unregister(thread_id)
+                continue
+            busy |= self._poll_one(watch, frame, now)
+        if now - self._last_scan > _DISCOVERY_S:
+            self._last_scan = now
+            _discover(frames, watches)
+        return busy
+
+    def _poll_one(self, watch: LoopWatch, frame: FrameType, now: float) -> bool:
+        found = step_of(frame, watch)
+        cpu = watch.cpu_time()
+        step: Step | None = watch.step
+        if found is None:
+            if step is not None:
+                self._finish(watch, now, cpu)
+            watch.step = None
+            watch.beat_posted = 0.0
+            _remember_idle(watch, now, cpu)
+            return False
+        ident, root, innermost = found
+        came_back = step is not None and _loop_came_back(watch)
+        if step is not None and step.ident is ident and not came_back:
+            step.t_last = now
+            step.cpu_last = cpu
+        else:
+            prev, cpu_prev = _last_other(watch, step, came_back, now)
+            if step is not None:
+                self._finish(watch, now, cpu)
+            step = watch.step = Step(ident, root, now, prev, cpu, cpu_prev)
+            watch.beat_posted = 0.0
+        age = now - step.start()
+        if ident is root and not watch.beat_posted and step.t_last > step.t_first:
+            _send_heartbeat(watch, now)
+        if age >= sampling.arm_after_s() and now >= step.next_sample:
+            _sample(step, innermost, watch, now)
+        if age >= _state.config.threshold_ms / 1000.0:
+            step.stalled = True
+        return True
+
+    def _finish(self, watch: LoopWatch, now: float, cpu: float | None = None) -> None:
+        step: Step | None = watch.step
+        watch.step = None
+        if step is None or not step.stalled or step.merged:
+            return
+        end = step.end(now, cpu)
+        if watch.beat_done and step.t_last <= watch.beat_done <= now:
+            end = min(end, watch.beat_done)  # the heartbeat ran as soon as the loop was back
+        start = step.start()
+        if (end - start) * 1000.0 < _state.config.threshold_ms:
+            return
+        stall = Stall(watch, start, end, step.samples.most_common(), not step.cpu_bound(), step.root)
+        with merge_lock:
+            if step.merged:
+                return
+            step.merged = True
+            io_start, io_end = watch.last_io
+            if io_start and io_start <= end and io_end >= start:
+                return  # its io event was delivered already: one report per stall
+            if attach_to_io is not None and attach_to_io(watch, stall):
+                return
+        if report_stall is not None:
+            report_stall(stall)
+
+
+def _remember_idle(watch: LoopWatch, now: float, cpu: float | None) -> None:
+    watch.idle_t = now
+    watch.idle_cpu = cpu
+
+
+def _last_other(watch: LoopWatch, step: Step | None, came_back: bool, now: float) -> tuple[float, float | None]:
+    # The last moment this loop was known to be doing something else than
+    # the new step: the heartbeat's run, the previous step's last poll, or
+    # the last idle poll.
+    if came_back:
+        return watch.beat_done, step.cpu_last if step is not None else None
+    if step is not None:
+        return step.t_last, step.cpu_last
+    if watch.idle_t:
+        return watch.idle_t, watch.idle_cpu
+    return now - sampling.idle_s(), None
+
+
+def _loop_came_back(watch: LoopWatch) -> bool:
+    # The heartbeat sent while this root frame was running has run: the loop
+    # iterated since, so what runs now is a later step of the same task.
+    done = watch.beat_done
+    if watch.beat_posted and done >= watch.beat_posted:
+        watch.beat_posted = 0.0
+        return True
+    return False
+
+
+def _send_heartbeat(watch: LoopWatch, now: float) -> None:
+    loop = watch.loop
+    # Only a running loop: some loops (rloop 0.5) replace their wake-up pipe
+    # on every run, and a wake-up sent between runs could reach a reused fd.
+    if loop is None or not loop.is_running():
+        return
+    watch.beat_posted = now
+
+    def beat() -> None:
+        watch.beat_done = perf_counter()
+
+    try:
+        loop.call_soon_threadsafe(beat)
+    except RuntimeError:  # closed meanwhile
+        watch.beat_posted = 0.0
+
+
+def step_of(frame: FrameType, watch: LoopWatch) -> tuple[object, FrameType, FrameType] | None:
+    """`(identity, root frame, innermost frame)` of the step the thread is in, or None if idle.
+
+    The walk stops at the same edges as the audit hook's: a dispatch frame of
+    a loop written in Python, the frame that called into a loop written in
+    C, or a core frame of the loop (idle, between steps).
+    """
+    base = watch.base_frame
+    innermost = frame
+    root: FrameType | None = None
+    f: FrameType | None = frame
+    walked = 0
+    while f is not None and walked < _MAX_WALK:
+        walked += 1
+        kind = _frames.frame_kind(f)
+        if kind == Kind.LOOP:
+            roles = _frames.LOOP_ROLES.get(f.f_globals.get("__name__"))  # type: ignore[arg-type]
+            if roles is not None:
+                role = roles.get(f.f_code.co_name)
+                if role == "core":
+                    return None
+                if role == "dispatch":
+                    if root is None:
+                        return None
+                    # asyncio's Handle._run is a new frame for every callback and
+                    # task step: the best step identity there is.
+                    return (f if f.f_globals.get("__name__") == "asyncio.events" else root), root, innermost
+        if f is base:
+            return (root, root, innermost) if root is not None else None
+        root = f
+        f = f.f_back
+    return None  # no edge found: the loop is not running on this thread any more
+
+
+def _sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float) -> None:
+    step.next_sample = now + sampling.interval_ms / 1000.0
+    if sum(step.samples.values()) >= sampling.max_samples_per_slice:
+        return
+    frames: list[tuple[CodeType, int]] = []
+    f: FrameType | None = innermost
+    while f is not None and len(frames) < sampling.trace_depth:
+        if _frames.frame_kind(f) != Kind.AIOCOP:
+            frames.append((f.f_code, f.f_lasti))
+        if f is step.root:
+            break
+        f = f.f_back
+    step.samples[tuple(frames)] += 1
+
+
+def describe(samples: list[tuple[tuple[tuple[CodeType, int], ...], int]], waiting: bool) -> str:
+    if not samples or not samples[0][0]:
+        return ""
+    code, lasti = samples[0][0][0]  # innermost frame of the most frequent stack
+    return _culprit.describe(code, lasti, _line(code, lasti), waiting)
+
+
+def _line(code: CodeType, lasti: int) -> int:
+    for start, end, line in code.co_lines():
+        if start <= lasti < end and line is not None:
+            return int(line)
+    return int(code.co_firstlineno)
+
+
+def _discover(frames: dict[int, FrameType], watches: dict[int, LoopWatch]) -> None:
+    # Loops that never set asyncgen hooks and have made no blocking call yet
+    # (veloxloop): find their dispatch frame on a thread's stack.
+    for thread_id, frame in frames.items():
+        if thread_id in watches or thread_id == threading.get_ident():
+            continue
+        f: FrameType | None = frame
+        depth = 0
+        while f is not None and depth < _MAX_WALK:
+            depth += 1
+            name = f.f_globals.get("__name__")
+            roles = _frames.LOOP_ROLES.get(name) if isinstance(name, str) else None
+            if roles is not None and roles.get(f.f_code.co_name) == "dispatch" and name != "asyncio.events":
+                loop = f.f_locals.get("self")
+                if loop is not None:
+                    _register_foreign(loop, thread_id)
+                break
+            f = f.f_back
+
+
+def _register_foreign(loop: Any, thread_id: int) -> None:
+    if isinstance(loop, AbstractEventLoop):
+        _loops.register(loop, None, thread_id)
+
+
+watchdog = Watchdog()
+
+
+def _after_fork_in_child() -> None:
+    was_running = watchdog._thread is not None
+    watchdog._thread = None
+    _loops.reinit_after_fork()
+    if was_running:
+        watchdog.start()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+_loops.on_change = watchdog.wake
