@@ -109,9 +109,12 @@ def start_cpu_sampling(
         interval_ms: Time between two stack samples of a stuck loop.
         arm_after_ms: Age of a step from which its stack is sampled (default:
             half the slow-task threshold, following it when it changes).
-        idle_interval_ms: Time between two looks at loops that were idle; it
-            bounds how precisely a stall's start is known when the stall is a
-            wait rather than CPU work (default 5 ms).
+        idle_interval_ms: Time between two looks once no loop has done
+            anything for half a second (default 100 ms; while loops are active
+            the watchdog looks every 4 ms). It bounds how precisely the start
+            of the first stall after a quiet spell is known when that stall is
+            a wait that raises no audit event; CPU-bound stalls are timed by
+            the loop thread's CPU clock and caught even between two looks.
         max_samples_per_slice: Samples kept per stall.
         trace_depth: Frames kept per sample.
     """

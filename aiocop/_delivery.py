@@ -167,11 +167,12 @@ class _LazyFields:
         stall = self.stall
         samples = format_samples(stall.samples) if stall is not None else []
         call_site = events[0]["entry_point"] if events else samples[0]["entry_point"] if samples else ""
+        culprit = stall.culprit() if stall is not None else ""
         return {
             "blocking_events": events,
             "cpu_stack_samples": samples,
             "call_site": call_site,
-            "culprit": stall.culprit() if stall is not None else "",
+            "culprit": culprit,
             "loop": (
                 cls
                 if isinstance(cls, str)

@@ -2,15 +2,17 @@
 
 Every loop that supports async generators calls `sys.set_asyncgen_hooks()`
 on its own thread when it starts (with its own methods as hooks) and again
-when it stops (restoring the previous hooks). A thin wrapper around that
-function learns each loop, its thread and the frame that called into it,
-whatever the loop is written in. Loops that never set the hooks (veloxloop
-0.2) are registered by the audit hook at their first blocking call, or found
-by the watchdog on the stack of a thread.
+when it stops (restoring the previous hooks); loops written in Python also
+call `asyncio.events._set_running_loop()`. Thin wrappers around those two
+functions learn each loop, its thread and the frame that called into it,
+whatever the loop is written in. A loop that makes neither call is registered
+by the audit hook at its first blocking call, or found by the watchdog on the
+stack of a thread.
 """
 
 from __future__ import annotations
 
+import asyncio.events
 import logging
 import sys
 import threading
@@ -103,6 +105,11 @@ on_change: Callable[[], None] | None = None
 def register(loop: AbstractEventLoop, base_frame: FrameType | None, thread_id: int | None = None) -> LoopWatch:
     """Record that `loop` runs on the current thread (or the given one)."""
     global watches
+    current = watches.get(threading.get_ident() if thread_id is None else thread_id)
+    if current is not None and current.loop is loop:
+        if base_frame is not None:
+            current.base_frame = base_frame
+        return current  # the same start, seen through a second signal
     watch = LoopWatch(loop, base_frame, thread_id)
     with _watch_lock:
         watches = {**watches, watch.thread_id: watch}
@@ -149,23 +156,49 @@ def _set_asyncgen_hooks(*args: Any, **kwargs: Any) -> Any:
     return _original_set_hooks(*args, **kwargs)
 
 
+_original_set_running: Callable[[AbstractEventLoop | None], None] | None = None
+
+
+def _set_running_loop(loop: AbstractEventLoop | None) -> None:
+    # The other start/stop signal, for loops written in Python that set no
+    # asyncgen hooks (veloxloop): they call asyncio.events._set_running_loop.
+    try:
+        if isinstance(loop, AbstractEventLoop):
+            python_loop = type(loop).__module__.partition(".")[0] in _PYTHON_LOOP_PACKAGES
+            register(loop, None if python_loop else sys._getframe(1))
+        elif loop is None:
+            unregister(threading.get_ident())
+    except Exception:
+        logger.exception("aiocop: could not track an event loop start/stop (ignored)")
+    assert _original_set_running is not None
+    _original_set_running(loop)
+
+
 def install() -> None:
-    """Wrap `sys.set_asyncgen_hooks` (idempotent) and register a loop already running here."""
-    global _original_set_hooks
+    """Wrap the two calls every loop makes when it starts and stops (idempotent),
+    and register a loop already running here."""
+    global _original_set_hooks, _original_set_running
     if _original_set_hooks is None:
         _original_set_hooks = sys.set_asyncgen_hooks
         sys.set_asyncgen_hooks = _set_asyncgen_hooks
+    if _original_set_running is None:
+        _original_set_running = asyncio.events._set_running_loop
+        asyncio.events._set_running_loop = _set_running_loop
     running = _get_running_loop()
     if running is not None:
         ensure_registered(running)
 
 
 def uninstall() -> None:
-    global _original_set_hooks, watches
+    global _original_set_hooks, _original_set_running, watches
     if _original_set_hooks is not None:
         if sys.set_asyncgen_hooks is _set_asyncgen_hooks:
             sys.set_asyncgen_hooks = _original_set_hooks
         _original_set_hooks = None
+    if _original_set_running is not None:
+        if asyncio.events._set_running_loop is _set_running_loop:
+            asyncio.events._set_running_loop = _original_set_running
+        _original_set_running = None
     with _watch_lock:
         watches = {}
 

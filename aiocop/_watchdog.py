@@ -27,6 +27,7 @@ import logging
 import os
 import sys
 import threading
+from _thread import LockType, allocate_lock
 from asyncio import AbstractEventLoop
 from collections import Counter
 from dataclasses import dataclass
@@ -45,8 +46,13 @@ logger = logging.getLogger("aiocop")
 
 _MAX_WALK = 256
 # How often threads not known to run a loop are looked at for one (loops that
-# set no asyncgen hooks and have not blocked yet, e.g. veloxloop).
-_DISCOVERY_S = 0.02
+# set no asyncgen hooks and have not blocked yet, e.g. veloxloop); also the
+# longest a full look is skipped while every loop is quiet.
+_DISCOVERY_S = 1.0
+# Polling stays at _FAST_IDLE_S this long after a loop last did anything, then
+# slows to `idle_interval_ms` (see Watchdog._next_interval).
+_FAST_FOR_S = 0.5
+_FAST_IDLE_S = 0.004
 # A step whose thread gets at least this share of a CPU is working, not waiting.
 _CPU_BOUND_RATE = 0.1
 
@@ -69,7 +75,9 @@ class SamplingConfig:
         return (self.idle_interval_ms if self.idle_interval_ms is not None else _DEFAULT_IDLE_MS) / 1000.0
 
 
-_DEFAULT_IDLE_MS = 5.0
+_DEFAULT_IDLE_MS = 100.0
+# The C method, taken before aiocop wraps lock methods: the watchdog sleeps on it.
+_acquire = LockType.acquire
 sampling = SamplingConfig()
 
 
@@ -129,6 +137,17 @@ class Step:
             return max(self.t_prev, self.t_first - (self.cpu_first - self.cpu_prev) / rate)
         return (self.t_prev + self.t_first) / 2.0
 
+    def known_since(self) -> float:
+        """The earliest moment the step is known, not guessed, to have been running.
+
+        The first poll that saw it, or earlier when the thread's CPU clock
+        shows it was already working before that poll. Deciding that a step is
+        a stall rests on this; the midpoint guess of `start()` only times it.
+        """
+        if self.cpu_bound() and self.cpu_first is not None and self.cpu_prev is not None:
+            return self.start()
+        return self.t_first
+
     def end(self, now: float, cpu: float | None) -> float:
         """Best estimate of when the step ended, seen gone at `now`."""
         rate = self.cpu_rate()
@@ -164,9 +183,12 @@ attach_to_io: Any = None
 class Watchdog:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._wake = threading.Event()
+        self._stopping = False
+        # Held while the watchdog sleeps on it; released to wake it early.
+        self._waker = allocate_lock()
+        self._waker.acquire()
         self._last_scan = 0.0
+        self._last_active = 0.0  # last poll that saw a loop do something
 
     @property
     def running(self) -> bool:
@@ -175,50 +197,79 @@ class Watchdog:
     def start(self) -> None:
         if self.running:
             return
-        self._stop = threading.Event()
-        self._wake = threading.Event()
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="aiocop-watchdog", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         thread = self._thread
         self._thread = None
-        self._stop.set()
-        self._wake.set()
+        self._stopping = True
+        self.wake()
         if thread is not None and thread is not threading.current_thread():
             thread.join(2.0)
 
     def wake(self) -> None:
-        self._wake.set()
+        """Look at the loops now (a loop started, or the watchdog is stopping)."""
+        self._last_active = perf_counter()
+        try:
+            self._waker.release()
+        except RuntimeError:  # already released, not yet slept on again
+            pass
 
     def _run(self) -> None:
-        stop, wake = self._stop, self._wake
-        while not stop.is_set():
+        # Sleeps are timed waits on a held lock: as cheap as time.sleep (each
+        # wake-up of this thread is its main cost, tens of microseconds of CPU
+        # on a VM), with no Python-level Condition machinery, and wake() can cut
+        # them short.
+        while not self._stopping:
             try:
-                busy = self.poll()
+                busy, active = self.poll()
             except Exception:
                 logger.exception("aiocop: watchdog poll failed (ignored)")
-                busy = False
-            wake.wait(sampling.busy_poll_ms / 1000.0 if busy else sampling.idle_s())
-            wake.clear()
+                busy, active = False, False
+            _acquire(self._waker, True, self._next_interval(busy, active))
 
-    def poll(self) -> bool:
-        """Look at every registered loop once; true if any is in a step."""
+    def _next_interval(self, busy: bool, active: bool) -> float:
+        now = perf_counter()
+        if busy:
+            self._last_active = now
+            return sampling.busy_poll_ms / 1000.0
+        if active:
+            self._last_active = now
+        if now - self._last_active < _FAST_FOR_S:
+            return _FAST_IDLE_S
+        # Nothing has run for a while: look less often (each wake-up of this
+        # thread is its main cost). A CPU-bound stall that fits between two
+        # looks is still caught, by the loop thread's CPU clock (_missed_stall).
+        return sampling.idle_s()
+
+    def poll(self) -> tuple[bool, bool]:
+        """Look at every registered loop once.
+
+        Returns whether any is in a step, and whether any did anything since
+        the last look (its thread's CPU clock moved).
+        """
         watches = _loops.watches
+        now = perf_counter()
+        if now - self._last_scan < _DISCOVERY_S and _all_quiet(watches):
+            return False, False
         frames = sys._current_frames()
         now = perf_counter()
-        busy = False
+        busy = active = False
         for thread_id, watch in watches.items():
             frame = frames.get(thread_id)
             if frame is None:
                 self._finish(watch, now)
                 _loops.unregister(thread_id)
                 continue
+            idle_cpu = watch.idle_cpu
             busy |= self._poll_one(watch, frame, now)
+            active |= watch.idle_cpu is None or watch.idle_cpu != idle_cpu
         if now - self._last_scan > _DISCOVERY_S:
             self._last_scan = now
             _discover(frames, watches)
-        return busy
+        return busy, active
 
     def _poll_one(self, watch: LoopWatch, frame: FrameType, now: float) -> bool:
         found = step_of(frame, watch)
@@ -242,7 +293,7 @@ class Watchdog:
                 self._finish(watch, now, cpu)
             step = watch.step = Step(ident, root, now, prev, cpu, cpu_prev)
             watch.beat_posted = 0.0
-        age = now - step.start()
+        age = now - step.known_since()
         if ident is root and not watch.beat_posted and step.t_last > step.t_first:
             _send_heartbeat(watch, now)
         if age >= sampling.arm_after_s() and now >= step.next_sample:
@@ -267,13 +318,31 @@ class Watchdog:
             if step.merged:
                 return
             step.merged = True
+        self._report(stall)
+
+    def _report(self, stall: Stall) -> None:
+        watch = stall.watch
+        with merge_lock:
             io_start, io_end = watch.last_io
-            if io_start and io_start <= end and io_end >= start:
+            if io_start and io_start <= stall.end and io_end >= stall.start:
                 return  # its io event was delivered already: one report per stall
             if attach_to_io is not None and attach_to_io(watch, stall):
                 return
         if report_stall is not None:
             report_stall(stall)
+
+
+def _all_quiet(watches: dict[int, LoopWatch]) -> bool:
+    # The cheap look: an idle loop's thread uses no CPU, so if no loop thread's
+    # CPU clock moved since the last look, nothing can have started (even a
+    # step that went straight into a wait used some CPU to get there).
+    for watch in watches.values():
+        if watch.step is not None or watch.idle_cpu is None or watch.cpu_time() != watch.idle_cpu:
+            return False
+    now = perf_counter()
+    for watch in watches.values():
+        watch.idle_t = now  # still idle: a step starting from here began after now
+    return True
 
 
 def _remember_idle(watch: LoopWatch, now: float, cpu: float | None) -> None:
@@ -415,6 +484,8 @@ watchdog = Watchdog()
 def _after_fork_in_child() -> None:
     was_running = watchdog._thread is not None
     watchdog._thread = None
+    watchdog._waker = allocate_lock()
+    watchdog._waker.acquire()
     _loops.reinit_after_fork()
     if was_running:
         watchdog.start()
