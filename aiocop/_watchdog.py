@@ -23,6 +23,7 @@ work of a step; its own cost is a few microseconds per poll.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -212,10 +213,8 @@ class Watchdog:
     def wake(self) -> None:
         """Look at the loops now (a loop started, or the watchdog is stopping)."""
         self._last_active = perf_counter()
-        try:
+        with contextlib.suppress(RuntimeError):  # already released, not yet slept on again
             self._waker.release()
-        except RuntimeError:  # already released, not yet slept on again
-            pass
 
     def _run(self) -> None:
         # Sleeps are timed waits on a held lock: as cheap as time.sleep (each
@@ -294,11 +293,18 @@ class Watchdog:
             step = watch.step = Step(ident, root, now, prev, cpu, cpu_prev)
             watch.beat_posted = 0.0
         age = now - step.known_since()
-        if ident is root and not watch.beat_posted and step.t_last > step.t_first:
-            _send_heartbeat(watch, now)
+        proven = True
+        if ident is root:
+            # On loops written in C one task's consecutive steps share this
+            # frame, and polls can be far apart (a busy thread starves the
+            # watchdog of the GIL). A heartbeat sent at the first sighting and
+            # still unanswered proves the loop has not iterated since.
+            if not watch.beat_posted:
+                _send_heartbeat(watch, now)
+            proven = bool(watch.beat_posted) or watch.loop is None
         if age >= sampling.arm_after_s() and now >= step.next_sample:
             _sample(step, innermost, watch, now)
-        if age >= _state.config.threshold_ms / 1000.0:
+        if proven and age >= _state.config.threshold_ms / 1000.0:
             step.stalled = True
         return True
 

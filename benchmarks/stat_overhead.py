@@ -4,7 +4,7 @@ Each measurement runs in its own process; the baseline process never imports
 aiocop. Runs alternate (A B A B ...) and the script prints medians and spread
 of the per-task time. The full benchmark suite is `run_benchmark.py` (to come).
 
-    python benchmarks/stat_overhead.py [--rounds 7] [--tasks 20000] [--loop uvloop]
+    python benchmarks/stat_overhead.py [--rounds 7] [--tasks 20000] [--loop uvloop] [--watchdog]
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ CHILD = r"""
 import asyncio, json, os, sys, time
 mode, scenario, loop_name, tasks = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 delivered = [0]
-if mode == "aiocop":
+if mode.startswith("aiocop"):
     import aiocop
     aiocop.start_blocking_io_detection(trace_depth=5)
     aiocop.register_slow_task_callback(lambda event: delivered.__setitem__(0, delivered[0] + 1))
+    if mode == "aiocop+watchdog":
+        aiocop.detect_slow_tasks(threshold_ms=30)
 
 async def pure():
     await asyncio.sleep(0)
@@ -63,13 +65,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--tasks", type=int, default=20000)
     parser.add_argument("--loop", default="asyncio", choices=["asyncio", "uvloop"])
+    parser.add_argument("--watchdog", action="store_true", help="also run the stall watchdog (detect_slow_tasks)")
     args = parser.parse_args()
+    mode = "aiocop+watchdog" if args.watchdog else "aiocop"
+    print(f"{mode}: {args.rounds} alternating rounds of {args.tasks} tasks; median ± stdev")
     print(f"{'scenario':8} {'loop':8} {'baseline us/task':>18} {'aiocop us/task':>16} {'extra us/task':>14}  delivered")
     for scenario in ("pure", "stat"):
         base, watched, delivered = [], [], []
         for _ in range(args.rounds):
             base.append(measure("baseline", scenario, args.loop, args.tasks)["us_per_task"])
-            result = measure("aiocop", scenario, args.loop, args.tasks)
+            result = measure(mode, scenario, args.loop, args.tasks)
             watched.append(result["us_per_task"])
             delivered.append(result["delivered"])
         extra = [w - b for w, b in zip(watched, base, strict=True)]

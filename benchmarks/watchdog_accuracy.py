@@ -14,15 +14,19 @@ import argparse
 import asyncio
 import hashlib
 import importlib
+import math
 import select
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
 from time import sleep as bound_sleep
+from typing import TYPE_CHECKING
 
 import aiocop
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 _HELD = threading.Lock()
 _HELD.acquire()
@@ -98,9 +102,9 @@ def main() -> None:
             print(f"{name:10} not installed")
             continue
         for kind, pairs in run_loop(name, args.repeat, events).items():
-            errors = [abs(r - t) for r, t in pairs if r == r]
-            missed = sum(1 for r, _ in pairs if r != r)
-            ok = sum(1 for r, t in pairs if r == r and within(r, t))
+            errors = [abs(r - t) for r, t in pairs if not math.isnan(r)]
+            missed = sum(1 for r, _ in pairs if math.isnan(r))
+            ok = sum(1 for r, t in pairs if not math.isnan(r) and within(r, t))
             worst = max(errors) if errors else float("nan")
             med = statistics.median(errors) if errors else float("nan")
             extra = f" ({missed} missed)" if missed else ""

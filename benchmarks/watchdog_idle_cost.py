@@ -39,11 +39,11 @@ def main() -> None:
     args = parser.parse_args()
     results: dict[str, list[float]] = {"baseline": [], "aiocop": []}
     for _ in range(args.rounds):
-        for mode in results:
+        for mode, values in results.items():
             out = subprocess.run(
                 [sys.executable, "-c", CHILD, mode, str(args.seconds)], capture_output=True, text=True, check=True
             )
-            results[mode].append(float(out.stdout))
+            values.append(float(out.stdout))
     for mode, values in results.items():
         spread = statistics.stdev(values) if len(values) > 1 else 0.0
         print(f"{mode:9} idle CPU: median {statistics.median(values):.3f} % of a core (± {spread:.3f}), runs {values}")
