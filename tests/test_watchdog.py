@@ -119,19 +119,24 @@ def test_steps_under_the_threshold_are_not_reported(watchdog: Collector, loop_na
     assert watchdog.events == []
 
 
-def test_a_busy_loop_of_many_short_steps_is_not_a_stall(watchdog: Collector, loop_name: str) -> None:
-    # The same task (main) resumes between batches: on loops written in C its
-    # steps share a root frame, and a busy loop starves the watchdog of the
-    # GIL, so two sightings far apart must not be taken for one long step.
-    async def short() -> None:
-        await asyncio.sleep(0)
-
+def test_a_task_that_keeps_yielding_is_not_a_stall(
+    watchdog: Collector, loop_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One task works 2 ms and yields, for 300 ms: the loop stays responsive.
+    # On loops written in C its steps share a root frame, and a busy thread
+    # can starve the watchdog of the GIL; two sightings far apart must not be
+    # taken for one long step.
     async def main() -> None:
-        for _ in range(20):
-            await asyncio.gather(*(short() for _ in range(1000)))
+        end = time.perf_counter() + 0.3
+        while time.perf_counter() < end:
+            stalls.spin(0.002)
+            await asyncio.sleep(0)
 
+    # Polls 40 ms apart, as when a busy thread starves the watchdog.
+    monkeypatch.setattr(_watchdog.sampling, "busy_poll_ms", 40.0)
+    monkeypatch.setattr(_watchdog, "_FAST_IDLE_S", 0.04)
     run_on(loop_name, main())
-    time.sleep(0.05)
+    time.sleep(0.1)
     assert [(e.elapsed_ms, e.culprit) for e in watchdog.events] == []
 
 
