@@ -293,9 +293,7 @@ def _take_stall(group: StepGroup) -> None:
         step = watch.step
         if group.stall is None and step is not None and step.stalled and not step.merged:
             step.merged = True
-            group.stall = _watchdog.Stall(
-                watch, step.start(), group.t_end, step.samples.most_common(), not step.cpu_bound(), step.root
-            )
+            group.stall = _watchdog.stall_of(step, step.start(), group.t_end, watch)
         start = group.t_first if group.stall is None else min(group.t_first, group.stall.start)
         watch.last_io = (start, group.t_end)
 
@@ -303,8 +301,17 @@ def _take_stall(group: StepGroup) -> None:
 def _attach_to_io(watch: LoopWatch, stall: Stall) -> bool:
     # Called by the watchdog (under merge_lock) when a stall ends: an io event
     # of the same step still waiting for delivery takes the stall over.
+    # Steps of one thread never overlap, so an undelivered io event of that
+    # thread whose first call came before the stall ended, and which had not
+    # ended before the stall began, is the same step. (The stall's start is an
+    # estimate and may fall after the step's first call.)
     for group in list(_hook.unclaimed):
-        if group.thread_id == watch.thread_id and group.stall is None and stall.start <= group.t_first <= stall.end:
+        if (
+            group.thread_id == watch.thread_id
+            and group.stall is None
+            and group.t_first <= stall.end
+            and (not group.t_end or group.t_end >= stall.start)
+        ):
             group.stall = stall
             return True
     return False

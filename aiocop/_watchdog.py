@@ -93,11 +93,14 @@ class Step:
         "merged",
         "next_sample",
         "root",
+        "sample_cpu",
+        "sample_t",
         "samples",
         "stalled",
         "t_first",
         "t_last",
         "t_prev",
+        "waiting",
     )
 
     def __init__(
@@ -112,6 +115,9 @@ class Step:
         self.cpu_first = cpu
         self.cpu_last = cpu
         self.samples: Counter[tuple[tuple[CodeType, int], ...]] = Counter()
+        self.waiting: Counter[tuple[tuple[CodeType, int], ...]] = Counter()  # samples taken while idle on CPU
+        self.sample_t = now
+        self.sample_cpu = cpu
         self.next_sample = 0.0
         self.stalled = False
         self.merged = False  # its io event took it over
@@ -167,10 +173,11 @@ class Stall:
     samples: list[tuple[tuple[tuple[CodeType, int], ...], int]]
     waiting: bool  # the loop thread used (almost) no CPU: it was waiting, not working
     root: FrameType | None
+    waiting_top: bool = False  # the most frequent stack was sampled while waiting
 
     def culprit(self) -> str:
         """What the loop was doing (reads source lines: call it off the hot path)."""
-        return describe(self.samples, self.waiting)
+        return describe(self.samples, self.waiting_top)
 
 
 # Lock for handing a stall to an io event or reporting it alone (exactly once).
@@ -319,7 +326,7 @@ class Watchdog:
         start = step.start()
         if (end - start) * 1000.0 < _state.config.threshold_ms:
             return
-        stall = Stall(watch, start, end, step.samples.most_common(), not step.cpu_bound(), step.root)
+        stall = stall_of(step, start, end, watch)
         with merge_lock:
             if step.merged:
                 return
@@ -442,7 +449,25 @@ def _sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float) -> N
         if f is step.root:
             break
         f = f.f_back
-    step.samples[tuple(frames)] += 1
+    stack = tuple(frames)
+    step.samples[stack] += 1
+    # Waiting or working at this sample: did the thread's CPU clock move
+    # since the previous one (or since the step was first seen)?
+    cpu = watch.cpu_time()
+    if (
+        cpu is not None
+        and step.sample_cpu is not None
+        and now > step.sample_t
+        and (cpu - step.sample_cpu) < _CPU_BOUND_RATE * (now - step.sample_t)
+    ):
+        step.waiting[stack] += 1
+    step.sample_t, step.sample_cpu = now, cpu
+
+
+def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
+    samples = step.samples.most_common()
+    top_waiting = bool(samples) and step.waiting[samples[0][0]] * 2 >= samples[0][1]
+    return Stall(watch, start, end, samples, not step.cpu_bound(), step.root, top_waiting)
 
 
 def describe(samples: list[tuple[tuple[tuple[CodeType, int], ...], int]], waiting: bool) -> str:

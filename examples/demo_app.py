@@ -47,12 +47,19 @@ async def report(query: str) -> str:
     return out.stdout
 
 
+async def stats(query: str) -> str:
+    total = 0
+    for i in range(600_000):  # pure CPU: no call to intercept, the stall watchdog sees it
+        total += i * i % 7
+    return str(total)
+
+
 async def fine(query: str) -> str:
     data = await asyncio.to_thread(TEMPLATE.read_text, encoding="utf-8")  # done right: off the loop
     return str(len(data))
 
 
-ROUTES = {"/hello": hello, "/health": health, "/report": report, "/fine": fine}
+ROUTES = {"/hello": hello, "/health": health, "/report": report, "/stats": stats, "/fine": fine}
 
 
 async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -78,8 +85,9 @@ async def get(port: int, path: str) -> bytes:
 async def main() -> None:
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    for path in ("/hello?aiocop", "/health", "/report", "/fine", "/hello"):
+    for path in ("/hello?aiocop", "/health", "/report", "/stats", "/fine", "/hello"):
         await get(port, path)
+        await asyncio.sleep(0.01)
     server.close()
     await server.wait_closed()
 
@@ -89,10 +97,14 @@ async def main() -> None:
 
 def print_report() -> None:
     calls = [(call, event) for event in events for call in event.blocking_events]
-    print(f"\naiocop caught {len(calls)} blocking calls in {len(events)} steps:\n")
+    stalls = [event for event in events if event.reason == "cpu_blocking"]
+    print(f"\naiocop caught {len(calls)} blocking calls and {len(stalls)} stall(s) in {len(events)} steps:\n")
     print(f"{'severity':8}  {'event':22}  {'step ms':>8}  line that made the call")
     for call, event in calls:
         print(f"{event.severity_level:8}  {call['name']:22}  {event.elapsed_ms:8.2f}  {call['entry_point']}")
+    for event in stalls:
+        print(f"{'stall':8}  {'(no call to intercept)':22}  {event.elapsed_ms:8.2f}  {event.call_site}")
+        print(f"{'':8}  {'':22}  {'':8}  {event.culprit}")
     by_site = Counter(call["entry_point"] for call, _ in calls)
     print(f"\n{len(by_site)} call sites; /fine (which uses asyncio.to_thread) is not among them.")
 
@@ -109,7 +121,10 @@ if __name__ == "__main__":
         runner = asyncio.run
         print("running on asyncio")
     runner(main())
+    time.sleep(0.1)  # stalls are reported by the watchdog thread just after they end
     print_report()
+    time.sleep(0.1)  # stalls are reported by the watchdog thread just after they end
     sites = {call["entry_point"].split(":")[0] for e in events for call in e.blocking_events}
-    if sites != {"examples/demo_app.py"}:
-        sys.exit(f"demo: unexpected call sites {sites}")
+    sites |= {e.call_site.split(":")[0] for e in events if e.reason == "cpu_blocking"}
+    if sites != {"examples/demo_app.py"} or not any(e.reason == "cpu_blocking" for e in events):
+        sys.exit(f"demo: unexpected report: {sites}")

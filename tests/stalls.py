@@ -38,3 +38,8 @@ def hash_big_buffer(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         hashlib.sha256(_BUFFER).digest()  # STALLS
+
+
+def sleep_then_work(seconds: float) -> None:
+    time.sleep(seconds)  # STALLS
+    spin(0.02)

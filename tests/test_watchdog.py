@@ -93,6 +93,7 @@ def test_cpu_stall_reported_at_its_line_with_its_duration(
     [
         pytest.param(stalls.select_timeout, "select.select", id="select"),
         pytest.param(stalls.wait_on_held_lock, "threading.Lock.acquire", id="held_lock"),
+        pytest.param(stalls.sleep_then_work, "time.sleep", id="sleep_then_work"),
     ],
 )
 def test_stall_with_intercepted_call_is_one_merged_event(
