@@ -24,13 +24,14 @@ work of a step; its own cost is a few microseconds per poll.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import sys
 import threading
 from _thread import LockType, allocate_lock
 from asyncio import AbstractEventLoop
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
@@ -130,7 +131,7 @@ class Step:
         """
         if self.cpu_first is None or self.cpu_last is None or self.t_last <= self.t_first:
             return 0.0
-        return max(0.0, (self.cpu_last - self.cpu_first) / (self.t_last - self.t_first))
+        return min(1.0, max(0.0, (self.cpu_last - self.cpu_first) / (self.t_last - self.t_first)))
 
     def cpu_bound(self) -> bool:
         return self.cpu_rate() >= _CPU_BOUND_RATE
@@ -140,8 +141,10 @@ class Step:
         rate = self.cpu_rate()
         if rate >= _CPU_BOUND_RATE and self.cpu_first is not None and self.cpu_prev is not None:
             # CPU used since the last poll that did not see the step, at the
-            # step's own pace: how long before the first sighting it began.
-            return max(self.t_prev, self.t_first - (self.cpu_first - self.cpu_prev) / rate)
+            # step's own pace: how long before the first sighting it began
+            # (plus any time the watchdog itself held the GIL meanwhile).
+            ran = (self.cpu_first - self.cpu_prev) / rate + _paused(self.t_prev, self.t_first)
+            return max(self.t_prev, self.t_first - ran)
         return (self.t_prev + self.t_first) / 2.0
 
     def known_since(self) -> float:
@@ -159,8 +162,33 @@ class Step:
         """Best estimate of when the step ended, seen gone at `now`."""
         rate = self.cpu_rate()
         if rate >= _CPU_BOUND_RATE and cpu is not None and self.cpu_last is not None:
-            return min(now, max(self.t_last, self.t_last + (cpu - self.cpu_last) / rate))
+            ran = (cpu - self.cpu_last) / rate + _paused(self.t_last, now)
+            return min(now, max(self.t_last, self.t_last + ran))
         return (self.t_last + now) / 2.0
+
+
+# Garbage collections run by the watchdog thread itself: while one runs it
+# holds the GIL, and a loop thread that wants it back waits without using CPU,
+# which the CPU-clock estimates above must not read as the step having ended.
+_pauses: deque[tuple[float, float]] = deque(maxlen=32)
+_gc_started = 0.0
+
+
+def _on_gc(phase: str, info: dict[str, int]) -> None:
+    global _gc_started
+    thread = watchdog._thread
+    if thread is None or threading.get_ident() != thread.ident:
+        return
+    if phase == "start":
+        _gc_started = perf_counter()
+    elif _gc_started:
+        _pauses.append((_gc_started, perf_counter()))
+        _gc_started = 0.0
+
+
+def _paused(a: float, b: float) -> float:
+    """Time the watchdog spent collecting garbage between `a` and `b`."""
+    return sum(max(0.0, min(b, end) - max(a, start)) for start, end in list(_pauses))
 
 
 @dataclass
@@ -205,6 +233,8 @@ class Watchdog:
     def start(self) -> None:
         if self.running:
             return
+        if _on_gc not in gc.callbacks:
+            gc.callbacks.append(_on_gc)
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="aiocop-watchdog", daemon=True)
         self._thread.start()
@@ -216,6 +246,8 @@ class Watchdog:
         self.wake()
         if thread is not None and thread is not threading.current_thread():
             thread.join(2.0)
+        if _on_gc in gc.callbacks:
+            gc.callbacks.remove(_on_gc)
 
     def wake(self) -> None:
         """Look at the loops now (a loop started, or the watchdog is stopping)."""
@@ -279,7 +311,10 @@ class Watchdog:
 
     def _poll_one(self, watch: LoopWatch, frame: FrameType, now: float) -> bool:
         found = step_of(frame, watch)
+        # The clock and the thread's CPU clock read together: estimates divide
+        # one by the other, so a skew between them would show up as speed.
         cpu = watch.cpu_time()
+        now = perf_counter()
         step: Step | None = watch.step
         if found is None:
             if step is not None:

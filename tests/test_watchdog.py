@@ -80,7 +80,11 @@ def test_cpu_stall_reported_at_its_line_with_its_duration(
     else:
         assert event.reason == "cpu_blocking"
         assert event.blocking_events == []
-    assert close_enough(event.elapsed_ms, true_ms), (event.elapsed_ms, true_ms)
+    assert close_enough(event.elapsed_ms, true_ms), (
+        event.elapsed_ms,
+        true_ms,
+        sorted(t.name for t in threading.enumerate()),
+    )
     assert event.exceeded_threshold
     assert event.call_site.endswith(stall_line(func)), event.call_site
     assert event.culprit.startswith(culprit), event.culprit
