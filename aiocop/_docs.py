@@ -8,13 +8,32 @@ from __future__ import annotations
 
 import sys
 
-from aiocop._internals import HARMLESS, LOOP_FRAMES
+from aiocop._internals import HARMLESS, LOOP_FRAMES, HarmlessRule
 from aiocop._rules import BLOCKING_CALLS
 from aiocop._severity import WEIGHT_HEAVY, WEIGHT_LIGHT, WEIGHT_MODERATE
 from aiocop._wrappers import PATCH_TARGETS
 
 _WEIGHT_NAMES = {WEIGHT_HEAVY: "heavy (50)", WEIGHT_MODERATE: "moderate (10)", WEIGHT_LIGHT: "light (1)"}
 _CONDITIONS = {"blocking_socket": "blocking sockets only", "positive_delay": "delay > 0 only"}
+
+
+def _conditions(rule: HarmlessRule) -> list[str]:
+    conditions = []
+    if rule.caller_modules:
+        conditions.append("called from " + ", ".join(f"`{m}`" for m in rule.caller_modules))
+    if rule.caller_functions:
+        conditions.append("in " + ", ".join(f"`{f}()`" for f in rule.caller_functions))
+    if rule.inside_modules:
+        conditions.append("made inside " + ", ".join(f"`{m}`" for m in rule.inside_modules))
+    if rule.caller_internal:
+        conditions.append("called from the stdlib or an event loop")
+    if rule.arg0_prefixes:
+        conditions.append("argument starts with " + ", ".join(f"`{p}`" for p in rule.arg0_prefixes))
+    if rule.arg0_stdlib:
+        conditions.append("a stdlib module")
+    if rule.debug_loop_only:
+        conditions.append("the loop is in debug mode")
+    return conditions
 
 
 def render() -> str:
@@ -59,19 +78,7 @@ def render() -> str:
         "| --- | --- | --- |",
     ]
     for rule in HARMLESS:
-        conditions = []
-        if rule.caller_modules:
-            conditions.append("called from " + ", ".join(f"`{m}`" for m in rule.caller_modules))
-        if rule.caller_functions:
-            conditions.append("in " + ", ".join(f"`{f}()`" for f in rule.caller_functions))
-        if rule.inside_modules:
-            conditions.append("made inside " + ", ".join(f"`{m}`" for m in rule.inside_modules))
-        if rule.caller_internal:
-            conditions.append("called from the stdlib or an event loop")
-        if rule.arg0_prefixes:
-            conditions.append("argument starts with " + ", ".join(f"`{p}`" for p in rule.arg0_prefixes))
-        if rule.arg0_stdlib:
-            conditions.append("a stdlib module")
+        conditions = _conditions(rule)
         events = ", ".join(f"`{e}`" for e in rule.event) or "any"
         lines.append(f"| {events} | {'; '.join(conditions)} | {rule.reason} |")
     lines += [

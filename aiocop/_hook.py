@@ -239,7 +239,7 @@ def _capture(
     if walked is None:
         return None
     frames, kinds = walked
-    if _is_allowed(event, args, frames, kinds):
+    if _is_allowed(event, args, frames, kinds, loop):
         return None
 
     trace, site = _trace(frames, kinds, _state.config.trace_depth)
@@ -336,12 +336,16 @@ def _walk_step(
     return (frames, kinds) if frames else None
 
 
-def _is_allowed(event: str, args: tuple[Any, ...], frames: list[FrameType], kinds: list[Kind]) -> bool:
+def _is_allowed(
+    event: str, args: tuple[Any, ...], frames: list[FrameType], kinds: list[Kind], loop: AbstractEventLoop
+) -> bool:
     if _made_by_tooling(frames[0]):
         return True
     for rule in _harmless_for(event):
-        if _harmless_matches(rule, args, frames[0], kinds[0]) and (
-            not rule.inside_modules or _inside(rule.inside_modules, frames, kinds)
+        if (
+            _harmless_matches(rule, args, frames[0], kinds[0])
+            and (not rule.inside_modules or _inside(rule.inside_modules, frames, kinds))
+            and (not rule.debug_loop_only or loop.get_debug())
         ):
             return True
     rules = _allow.global_rules()

@@ -60,7 +60,8 @@ class HarmlessRule:
       through other stdlib or loop code (any frame below the user's);
     * `arg0_prefixes`: the event's first argument is a string with one of
       these prefixes;
-    * `arg0_stdlib`: the first argument names a stdlib module.
+    * `arg0_stdlib`: the first argument names a stdlib module;
+    * `debug_loop_only`: the running loop is in debug mode.
     """
 
     event: tuple[str, ...]
@@ -71,6 +72,7 @@ class HarmlessRule:
     inside_modules: tuple[str, ...] = ()
     arg0_prefixes: tuple[str, ...] = ()
     arg0_stdlib: bool = False
+    debug_loop_only: bool = False
     caller_prefixes: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -121,6 +123,20 @@ HARMLESS: tuple[HarmlessRule, ...] = (
         caller_modules=("threading",),
         caller_functions=("start",),
         reason="`Thread.start()` waiting for the new thread to begin (e.g. an executor growing)",
+    ),
+    HarmlessRule(
+        event=("os.stat", "open"),
+        caller_modules=("linecache", "tokenize"),
+        inside_modules=("asyncio",),
+        reason="asyncio reading source lines to print a traceback (e.g. logging an unhandled exception)",
+    ),
+    HarmlessRule(
+        event=("os.stat", "open"),
+        caller_modules=("linecache", "tokenize"),
+        inside_modules=("traceback",),
+        debug_loop_only=True,
+        reason="an event loop in debug mode reading source lines for the traceback it records with every "
+        "callback and future (uvloop calls `traceback` from C, so no loop frame shows)",
     ),
     HarmlessRule(
         event=(),

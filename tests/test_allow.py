@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import warnings
 
 import pytest
 
@@ -98,6 +99,22 @@ def test_harmless_internals_are_not_reported(detector: Collector, loop_name: str
     aiocop.register_blocking_event("socket.bind", aiocop.WEIGHT_TRIVIAL)
     run_on(loop_name, main())
     assert detector.names() == []
+
+
+def test_asyncio_debug_mode_tracebacks_are_not_reported(detector: Collector, loop_name: str) -> None:
+    async def main() -> None:
+        asyncio.get_running_loop().set_debug(True)
+        await asyncio.sleep(0)
+        fut = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(fut.set_result, None)
+        await fut
+        os.stat(".")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # debug mode's own checks
+        run_on(loop_name, main())
+    assert detector.names() == ["os.stat"]
+    assert detector.calls[0]["entry_point"].endswith(":main")
 
 
 def test_user_import_is_reported_once(detector: Collector, loop_name: str, tmp_path: object) -> None:

@@ -238,6 +238,40 @@ def test_start_cpu_sampling_options_and_validation(watchdog: Collector, loop_nam
     aiocop.start_cpu_sampling()
 
 
+SHUTDOWN_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, os, time
+    import aiocop
+    aiocop.start_blocking_io_detection()
+    aiocop.detect_slow_tasks(threshold_ms=30, on_slow_task=lambda e: print(e.reason, flush=True))
+
+    async def main():
+        await asyncio.sleep(0.02)
+        os.stat(".")
+        end = time.perf_counter() + 0.06
+        while time.perf_counter() < end:
+            pass
+
+    asyncio.run(main())
+    # exit at once: the watchdog thread and any pending report meet shutdown
+    """
+)
+
+
+def test_interpreter_shutdown_with_the_watchdog_running() -> None:
+    for _ in range(3):
+        out = subprocess.run(
+            [sys.executable, "-X", "dev", "-c", SHUTDOWN_SCRIPT],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stderr == "", out.stderr
+        assert out.stdout.split() in (["io_blocking"], []), out.stdout
+
+
 FORK_SCRIPT = textwrap.dedent(
     """
     import asyncio, os, sys, time, warnings
