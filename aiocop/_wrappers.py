@@ -168,7 +168,11 @@ def _fd_read(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 def _fd_write(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(fd: int, data: Any, /) -> int:
         if get_running_loop() is not None and _fd_blocking(fd):
-            _audit(event, fd, len(data))
+            try:
+                size = len(data)
+            except TypeError:  # not a buffer: os.write raises its own error below
+                size = None
+            _audit(event, fd, size)
         return original(fd, data)  # type: ignore[no-any-return]
 
     return wrapper
@@ -198,6 +202,8 @@ def _lock_acquire(original: Callable[..., Any], event: str) -> Callable[..., Any
     def wrapper(self: Any, blocking: bool = True, timeout: float = -1) -> bool:
         if not blocking or timeout == 0 or get_running_loop() is None:
             return original(self, blocking, timeout)  # type: ignore[no-any-return]
+        if timeout != -1 and not (isinstance(timeout, (int, float)) and timeout > 0):
+            return original(self, blocking, timeout)  # type: ignore[no-any-return] # its own error
         if original(self, False):
             return True
         _audit(event, timeout)

@@ -178,6 +178,34 @@ def test_wrapped_functions_behave_like_the_originals(detector: Collector) -> Non
     asyncio.run(main())
 
 
+def test_wrappers_raise_the_originals_errors_for_bad_arguments(detector: Collector, loop_name: str) -> None:
+    def error(func: object, *args: object) -> tuple[type[BaseException], str]:
+        try:
+            func(*args)  # type: ignore[operator]
+        except (TypeError, ValueError, OSError) as exc:
+            return type(exc), str(exc)
+        raise AssertionError(f"{func} did not raise")
+
+    async def main() -> None:
+        r, w = os.pipe()
+        lock, event = threading.Lock(), threading.Event()
+        try:
+            calls = [(os.write, (w, 42)), (os.read, (r, "x")), (os.stat, (3.5,))]
+            if hasattr(time.sleep, "__wrapped__"):  # from 3.13 time.sleep has its own audit event
+                calls.append((time.sleep, (-1,)))
+            for wrapped, args in calls:
+                assert error(wrapped, *args) == error(wrapped.__wrapped__, *args), wrapped  # type: ignore[attr-defined]
+            # Methods: the wrapper against the original, both unbound.
+            for cls, obj, args in ((type(lock), lock, (True, "x")), (threading.Event, event, ("x",))):
+                method = cls.__dict__["acquire" if obj is lock else "wait"]
+                assert error(method, obj, *args) == error(method.__wrapped__, obj, *args), cls
+        finally:
+            os.close(r)
+            os.close(w)
+
+    run_on(loop_name, main())
+
+
 def test_table_changes_take_effect_at_once(detector: Collector, loop_name: str) -> None:
     async def main() -> None:
         os.stat(".")
