@@ -270,9 +270,13 @@ def _flush(batch: list[StepGroup], state: Any) -> None:
     for group in batch:
         if not group.t_end:
             group.t_end = now
-        if _hook.claim(group):
-            _take_stall(group)
-            claimed.append(group)
+        # Claiming and taking the watchdog's stall under one lock: the watchdog
+        # either finds the group unclaimed (and hands it the stall) or sees it
+        # taken, never the moment in between.
+        with _watchdog.merge_lock:
+            if _hook.claim(group):
+                _take_stall(group)
+                claimed.append(group)
     if not claimed:
         return
     if _state.config.delivery == "thread":
@@ -284,18 +288,19 @@ def _flush(batch: list[StepGroup], state: Any) -> None:
 
 
 def _take_stall(group: StepGroup) -> None:
-    # If the watchdog is watching this very step stall, its samples join this
-    # event and it will not report the stall again.
+    # Under merge_lock. If the watchdog is watching this very step stall, its
+    # samples join this event and it will not report the stall again.
     watch = _loops.watches.get(group.thread_id)
     if watch is None:
         return
-    with _watchdog.merge_lock:
-        step = watch.step
-        if group.stall is None and step is not None and step.stalled and not step.merged:
-            step.merged = True
-            group.stall = _watchdog.stall_of(step, step.start(), group.t_end, watch)
-        start = group.t_first if group.stall is None else min(group.t_first, group.stall.start)
-        watch.last_io = (start, group.t_end)
+    step = watch.step
+    if group.stall is None and step is not None and step.stalled and not step.merged:
+        step.merged = True
+        group.stall = _watchdog.stall_of(step, step.start(), group.t_end, watch)
+    if group.stall is not None:
+        group.stall.root = None  # the io event knows its task; keep no frame alive
+    start = group.t_first if group.stall is None else min(group.t_first, group.stall.start)
+    watch.last_io = (start, group.t_end)
 
 
 def _attach_to_io(watch: LoopWatch, stall: Stall) -> bool:
@@ -333,6 +338,7 @@ def _task_of(stall: Stall) -> Any:
 
 def _report_stall(stall: Stall) -> None:
     task = _task_of(stall)
+    stall.root = None  # found the task: keep no frame (and its locals) alive in the event
     get_context = getattr(task, "get_context", None)  # Task.get_context() is 3.12+
     context = get_context().copy() if get_context is not None else contextvars.Context()
 
@@ -446,5 +452,16 @@ _watchdog.attach_to_io = _attach_to_io
 _hook.orphan_handler = _orphans
 _hook.make_violation = make_violation
 atexit.register(drain)
+
+
+def _after_fork_in_child() -> None:
+    # The parent's pending steps are the parent's to deliver: a child that
+    # delivered them too would report every one of them twice.
+    _hook.unclaimed.clear()
+    _hook.thread_state.pending = None
+    _hook.thread_state.group = None
+    _worker.reinit_after_fork()
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_worker.reinit_after_fork)
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -442,9 +442,15 @@ def _schedule(group: StepGroup, loop: AbstractEventLoop, state: _ThreadState) ->
     # its batch (call_soon'd callbacks run in the next iteration, after them).
     unclaimed[group] = group
     pending = state.pending
+    # A batch of another loop is stale: that loop stopped before its delivery
+    # callback ran (loops that raise no start/stop event never reset it).
     if pending is not None:
-        pending.append(group)
-        return
+        if pending[0].loop is loop:
+            pending.append(group)
+            return
+        stale = [g for g in pending if g in unclaimed]
+        if stale and orphan_handler is not None:
+            orphan_handler(stale)  # delivered off the loop, now rather than at exit
     state.pending = pending = [group]
     if flush_callback is None:
         return
@@ -469,7 +475,15 @@ def _on_loop_boundary() -> None:
     stopping = isinstance(getattr(firstiter, "__self__", None), AbstractEventLoop)
     # For loops written in C, the frame that called into the loop is the
     # outer edge of every step; keep it only while the loop runs.
-    state.base_frame = None if stopping else sys._getframe(2)
+    if stopping:
+        state.base_frame = None
+    else:
+        # The caller of sys.set_asyncgen_hooks, past aiocop's own wrapper of
+        # it (installed with the watchdog).
+        frame: FrameType | None = sys._getframe(2)
+        while frame is not None and frame.f_globals.get("__name__", "").startswith("aiocop."):
+            frame = frame.f_back
+        state.base_frame = frame
     state.group = None
     state.pending = None
     # Hand any group whose delivery callback may never run (its loop stopped

@@ -10,12 +10,14 @@ on threads that run an event loop.
 
 from __future__ import annotations
 
+import _thread
 import functools
 import importlib
 import logging
 import os
 import select
 import sys
+import threading
 from asyncio import _get_running_loop as get_running_loop
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -202,7 +204,7 @@ def _lock_acquire(original: Callable[..., Any], event: str) -> Callable[..., Any
     def wrapper(self: Any, blocking: bool = True, timeout: float = -1) -> bool:
         if not blocking or timeout == 0 or get_running_loop() is None:
             return original(self, blocking, timeout)  # type: ignore[no-any-return]
-        if timeout != -1 and not (isinstance(timeout, (int, float)) and timeout > 0):
+        if timeout != -1 and not (isinstance(timeout, (int, float)) and 0 < timeout <= threading.TIMEOUT_MAX):
             return original(self, blocking, timeout)  # type: ignore[no-any-return] # its own error
         if original(self, False):
             return True
@@ -212,11 +214,26 @@ def _lock_acquire(original: Callable[..., Any], event: str) -> Callable[..., Any
     return wrapper
 
 
+# The C acquire of each lock type, taken before aiocop wraps it: `with lock:`
+# tries it without blocking (as the C __enter__ would acquire, never through
+# a subclass's acquire) before reporting a wait.
+_C_ACQUIRE: dict[type, Callable[..., Any]] = {
+    cls: vars(cls)["acquire"] for cls in (_thread.LockType, _thread.RLock) if "acquire" in vars(cls)
+}
+
+
+def _c_acquire(lock: Any) -> Callable[..., Any]:
+    acquire = _C_ACQUIRE.get(type(lock))
+    if acquire is None:  # a subclass: the C type it derives from
+        acquire = next(_C_ACQUIRE[cls] for cls in type(lock).__mro__ if cls in _C_ACQUIRE)
+    return acquire
+
+
 def _lock_enter(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any) -> bool:
         if get_running_loop() is None:
             return original(self)  # type: ignore[no-any-return]
-        if self.acquire(False):  # the unpatched acquire is not needed: blocking=False exits at once
+        if _c_acquire(self)(self, False):
             return True
         _audit(event, None)
         return original(self)  # type: ignore[no-any-return]

@@ -182,7 +182,7 @@ def test_wrappers_raise_the_originals_errors_for_bad_arguments(detector: Collect
     def error(func: object, *args: object) -> tuple[type[BaseException], str]:
         try:
             func(*args)  # type: ignore[operator]
-        except (TypeError, ValueError, OSError) as exc:
+        except (TypeError, ValueError, OverflowError, OSError) as exc:
             return type(exc), str(exc)
         raise AssertionError(f"{func} did not raise")
 
@@ -196,7 +196,11 @@ def test_wrappers_raise_the_originals_errors_for_bad_arguments(detector: Collect
             for wrapped, args in calls:
                 assert error(wrapped, *args) == error(wrapped.__wrapped__, *args), wrapped  # type: ignore[attr-defined]
             # Methods: the wrapper against the original, both unbound.
-            for cls, obj, args in ((type(lock), lock, (True, "x")), (threading.Event, event, ("x",))):
+            for cls, obj, args in (
+                (type(lock), lock, (True, "x")),
+                (type(lock), lock, (True, 1e300)),
+                (threading.Event, event, ("x",)),
+            ):
                 method = cls.__dict__["acquire" if obj is lock else "wait"]
                 assert error(method, obj, *args) == error(method.__wrapped__, obj, *args), cls
         finally:
@@ -330,6 +334,31 @@ def test_thread_delivery(loop_name: str) -> None:
         aiocop.stop()
     [(event, thread)] = got
     assert thread == "aiocop-delivery" and event.thread_name == "MainThread"
+
+
+def test_a_step_left_over_by_a_stopped_loop_is_delivered_when_the_next_loop_blocks(
+    detector: Collector, loop_name: str
+) -> None:
+    # The first loop stops before its delivery callback can run; loops that
+    # announce no stop (veloxloop) must not hold that step until exit.
+    async def first() -> None:
+        asyncio.get_running_loop().stop()
+        time.sleep(0.001)
+
+    async def second() -> None:
+        os.stat(".")
+        await asyncio.sleep(0.01)
+
+    with quiet_rloop(loop_name):
+        loop = loop_factory(loop_name)()
+        try:
+            loop.create_task(first())
+            loop.run_forever()
+        finally:
+            loop.close()
+    run_on(loop_name, second())
+    time.sleep(0.05)  # the left-over step is delivered off the loop
+    assert sorted(detector.names()) == ["os.stat", "time.sleep"]
 
 
 def test_last_step_before_loop_stops_is_still_delivered(detector: Collector, loop_name: str) -> None:

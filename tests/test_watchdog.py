@@ -113,6 +113,58 @@ def test_stall_with_intercepted_call_is_one_merged_event(
     assert event.call_site.endswith(stall_line(func))
 
 
+def test_with_the_watchdog_on_steps_keep_their_edges(watchdog: Collector, loop_name: str) -> None:
+    # The watchdog wraps sys.set_asyncgen_hooks; the frame that entered a C
+    # loop must still be the caller of the loop, not aiocop's wrapper.
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def first() -> None:
+            os.stat(".")
+
+        def second() -> None:
+            os.stat(".")
+            done.set_result(None)
+
+        loop.call_soon(first)
+        loop.call_soon(second)
+        await done
+
+    run_on(loop_name, main())
+    assert sorted(e.blocking_events[0]["entry_point"].rsplit(":", 1)[1] for e in watchdog.events) == [
+        "first",
+        "second",
+    ]
+    assert all(len(e.blocking_events[0]["frames"]) == 1 for e in watchdog.events)
+
+
+def test_stall_events_keep_no_frame_alive(watchdog: Collector, loop_name: str) -> None:
+    import gc
+    import weakref
+
+    class Payload:
+        pass
+
+    refs: list[weakref.ref[Payload]] = []
+
+    async def handler() -> None:
+        payload = Payload()
+        refs.append(weakref.ref(payload))
+        stalls.spin(0.05)
+
+    async def main() -> None:
+        await asyncio.sleep(0.02)
+        await asyncio.ensure_future(handler())
+        await asyncio.sleep(0.02)
+
+    run_on(loop_name, main())
+    event = only_event(watchdog)  # held, and not yet read (its fields are formatted lazily)
+    gc.collect()
+    assert refs[0]() is None, "the stall event keeps the handler's frame (and its locals) alive"
+    assert event.cpu_stack_samples and event.culprit
+
+
 def test_steps_under_the_threshold_are_not_reported(watchdog: Collector, loop_name: str) -> None:
     async def main() -> None:
         for _ in range(10):
@@ -270,6 +322,39 @@ def test_interpreter_shutdown_with_the_watchdog_running() -> None:
         assert out.returncode == 0, out.stderr
         assert out.stderr == "", out.stderr
         assert out.stdout.split() in (["io_blocking"], []), out.stdout
+
+
+FORK_AFTER_BLOCKING_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, os, time, warnings
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import aiocop
+    aiocop.start_blocking_io_detection()
+    aiocop.register_slow_task_callback(lambda e: print(os.getpid(), [c["name"] for c in e.blocking_events], flush=True))
+
+    async def main():
+        time.sleep(0.001)
+        pid = os.fork()  # the step's events are pending when the process forks
+        if pid == 0:
+            return "child"  # the child then exits normally, through its atexit handlers
+        os.waitpid(pid, 0)
+        return "parent"
+
+    print("done", asyncio.run(main()), os.getpid(), flush=True)
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_does_not_report_its_parents_steps() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", FORK_AFTER_BLOCKING_SCRIPT], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    reports = [line for line in out.stdout.splitlines() if not line.startswith("done")]
+    pids = {line.split()[1]: line.split()[2] for line in out.stdout.splitlines() if line.startswith("done")}
+    assert len(reports) == 1, out.stdout
+    assert reports[0].split()[0] == pids["parent"], out.stdout
 
 
 FORK_SCRIPT = textwrap.dedent(
