@@ -111,10 +111,10 @@ def start_cpu_sampling(
             half the slow-task threshold, following it when it changes).
         idle_interval_ms: Time between two looks once no loop has done
             anything for half a second (default 100 ms; while loops are active
-            the watchdog looks every 4 ms). It bounds how precisely the start
-            of the first stall after a quiet spell is known when that stall is
-            a wait that raises no audit event; CPU-bound stalls are timed by
-            the loop thread's CPU clock and caught even between two looks.
+            the watchdog looks every 4 ms). A stall shorter than this that
+            starts right after such a quiet spell can go unseen (intercepted
+            calls are always caught); 25 ms closes that gap at about twice the
+            idle cost.
         max_samples_per_slice: Samples kept per stall.
         trace_depth: Frames kept per sample.
     """

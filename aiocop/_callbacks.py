@@ -86,10 +86,6 @@ def capture_context() -> dict[str, Any]:
     return context
 
 
-def has_callbacks() -> bool:
-    return bool(_callbacks)
-
-
 def invoke_callbacks(event: SlowTaskEvent) -> None:
     for callback in _callbacks:
         try:

@@ -97,11 +97,6 @@ def is_internal_file(filename: str) -> bool:
 _AIOCOP_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
-def is_internal(frame: FrameType) -> bool:
-    """Whether a frame is the stdlib, an event loop or aiocop (never "the user's line")."""
-    return frame_kind(frame) != Kind.USER
-
-
 _CWD = os.getcwd() + os.sep
 
 

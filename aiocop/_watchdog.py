@@ -278,8 +278,9 @@ class Watchdog:
         if now - self._last_active < _FAST_FOR_S:
             return _FAST_IDLE_S
         # Nothing has run for a while: look less often (each wake-up of this
-        # thread is its main cost). A CPU-bound stall that fits between two
-        # looks is still caught, by the loop thread's CPU clock (_missed_stall).
+        # thread is its main cost). A stall shorter than this interval that
+        # starts and ends between two looks goes unseen (documented trade-off;
+        # the CPU clock cannot tell it from many short steps).
         return sampling.idle_s()
 
     def poll(self) -> tuple[bool, bool]:

@@ -96,6 +96,17 @@ def run_on(loop_name: str, coro: Coroutine[Any, Any, Any]) -> Any:
             loop.close()
 
 
+def run_until_it_stops_itself(loop_name: str, coro: Coroutine[Any, Any, Any]) -> None:
+    """Run a task that calls loop.stop() itself (so the last step's delivery callback may never run)."""
+    with quiet_rloop(loop_name):
+        loop = loop_factory(loop_name)()
+        try:
+            loop.create_task(coro)
+            loop.run_forever()
+        finally:
+            loop.close()
+
+
 def run_in_thread(loop_name: str, coro_fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
     result: list[Any] = []
     errors: list[BaseException] = []

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import aiocop
-from tests.conftest import Collector, loop_factory, quiet_rloop, run_on
+from tests.conftest import Collector, run_on, run_until_it_stops_itself
 
 API_1X = [
     "patch_audit_functions",
@@ -349,13 +349,7 @@ def test_a_step_left_over_by_a_stopped_loop_is_delivered_when_the_next_loop_bloc
         os.stat(".")
         await asyncio.sleep(0.01)
 
-    with quiet_rloop(loop_name):
-        loop = loop_factory(loop_name)()
-        try:
-            loop.create_task(first())
-            loop.run_forever()
-        finally:
-            loop.close()
+    run_until_it_stops_itself(loop_name, first())
     run_on(loop_name, second())
     time.sleep(0.05)  # the left-over step is delivered off the loop
     assert sorted(detector.names()) == ["os.stat", "time.sleep"]
@@ -366,13 +360,7 @@ def test_last_step_before_loop_stops_is_still_delivered(detector: Collector, loo
         asyncio.get_running_loop().stop()
         os.stat(".")
 
-    with quiet_rloop(loop_name):
-        loop = loop_factory(loop_name)()
-        try:
-            loop.create_task(main())
-            loop.run_forever()
-        finally:
-            loop.close()
+    run_until_it_stops_itself(loop_name, main())
     aiocop.stop()  # delivers anything still pending
     assert detector.names() == ["os.stat"]
 
