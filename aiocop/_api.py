@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, get_args
 
@@ -213,6 +214,76 @@ class raise_on_violations(ContextVarScope[bool]):  # noqa: N801 - 1.x name
 
     def _value(self) -> bool:
         return True
+
+
+class monitored(ContextVarScope[bool]):  # noqa: N801 - reads as an adjective, like a flag
+    """Watch, or with `enabled=False` ignore, the code run inside a block or function.
+
+    Unlike `deactivate()`, which pauses detection everywhere, this follows the
+    context: tasks and callbacks started inside the scope inherit it, and code
+    running concurrently elsewhere is unaffected. The ASGI middleware uses it
+    to watch a sample of requests.
+
+    ```python
+    with aiocop.monitored(enabled=random.random() < 0.1):
+        await handle(request)
+    ```
+
+    Args:
+        enabled: `True` (default) to watch, `False` to ignore blocking calls
+            and stalls of this context.
+
+    Added in 2.0.
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        if not isinstance(enabled, bool):
+            raise TypeError(f"enabled must be a bool, not {type(enabled).__name__}: {enabled!r}")
+        super().__init__(_state.monitored)
+        self.enabled = enabled
+        self._tasks: list[tuple[asyncio.Task[object] | None, bool | None]] = []
+
+    def _value(self) -> bool:
+        return self.enabled
+
+    def __enter__(self) -> monitored:
+        super().__enter__()
+        # Remember the setting per task as well: on 3.10 and 3.11 the watchdog
+        # cannot read a task's context from its own thread.
+        task = _current_task()
+        self._tasks.append((task, None if task is None else _state.task_monitored.get(task)))
+        if task is not None:
+            _state.task_monitored[task] = self.enabled
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        task, previous = self._tasks.pop()
+        if task is not None:
+            if previous is None:
+                _state.task_monitored.pop(task, None)
+            else:
+                _state.task_monitored[task] = previous
+        super().__exit__(*exc_info)
+
+    def _clear_stacks(self) -> None:
+        super()._clear_stacks()
+        self._tasks = []
+
+
+def _current_task() -> asyncio.Task[object] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop in this thread
+        return None
+
+
+def is_monitored() -> bool:
+    """Whether blocking calls made here, now, would be reported.
+
+    True when detection is started and active and the current context is not
+    inside `monitored(enabled=False)`. Added in 2.0.
+    """
+    return _state.started and _state.active and _state.monitored.get()
 
 
 def reset_blocking_events() -> None:

@@ -341,6 +341,12 @@ def _report_stall(stall: Stall) -> None:
     stall.root = None  # found the task: keep no frame (and its locals) alive in the event
     get_context = getattr(task, "get_context", None)  # Task.get_context() is 3.12+
     context = get_context().copy() if get_context is not None else contextvars.Context()
+    if task is not None:
+        # The task's own monitored() scope if it entered one (known on every
+        # version and loop), else the one it inherited (3.12+ only).
+        monitored = _state.task_monitored.get(task)
+        if not (context.get(_state.monitored, True) if monitored is None else monitored):
+            return
 
     def deliver() -> None:
         state = _hook.thread_state

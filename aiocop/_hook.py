@@ -187,7 +187,7 @@ _internal_errors = 0
 
 def _record(event: str, args: tuple[Any, ...], rule: _Rule, loop: AbstractEventLoop) -> None:
     state = thread_state
-    if state.busy:
+    if state.busy or not _state.monitored.get():
         return
     condition = rule.condition
     if condition is not None and not condition(args):

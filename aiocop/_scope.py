@@ -57,5 +57,9 @@ class ContextVarScope(Generic[T]):
         # call its own token stack rather than sharing this instance's.
         clone = object.__new__(type(self))
         clone.__dict__.update(self.__dict__)
-        clone._tokens = []
+        clone._clear_stacks()
         return clone
+
+    def _clear_stacks(self) -> None:
+        """Give this instance empty per-entry stacks (subclasses add theirs)."""
+        self._tokens = []

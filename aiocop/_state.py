@@ -7,9 +7,13 @@ a scope inherits it and one created outside does not.
 
 from __future__ import annotations
 
+import weakref
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from asyncio import Task
 
 from aiocop._severity import THRESHOLD_HIGH
 
@@ -34,3 +38,12 @@ active = True
 
 # raise_on_violations: kept under its 1.x name for code that imported it.
 raise_on_violations: ContextVar[bool] = ContextVar("aiocop_raise_on_violations", default=False)
+
+# monitored(False): the code of this context is not watched at all (the ASGI
+# middleware's unsampled requests). Read only once a detected call is made on
+# a loop, never on the fast path.
+monitored: ContextVar[bool] = ContextVar("aiocop_monitored", default=True)
+# The same, per task that entered a monitored() scope: the watchdog reads it to
+# tell a stalled task's setting on 3.10 and 3.11, whose tasks do not expose
+# their context to other threads.
+task_monitored: weakref.WeakKeyDictionary[Task[object], bool] = weakref.WeakKeyDictionary()

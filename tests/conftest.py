@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import aiocop
-from aiocop import _hook
+from aiocop import _hook, _state
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Iterator
@@ -70,6 +70,17 @@ def _loop_param(name: str) -> Any:
 @pytest.fixture(params=[_loop_param(n) for n in LOOP_NAMES])
 def loop_name(request: pytest.FixtureRequest) -> str:
     return request.param  # type: ignore[no-any-return]
+
+
+def xfail_on_veloxloop(request: pytest.FixtureRequest, loop_name: str) -> None:
+    """For tests of context inheritance: veloxloop 0.2 runs tasks in the loop's context."""
+    if loop_name == "veloxloop":
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="veloxloop 0.2 does not copy the context into tasks it creates (no contextvar inheritance)",
+            )
+        )
 
 
 @contextlib.contextmanager
@@ -160,5 +171,6 @@ def detector() -> Iterator[Collector]:
         aiocop.clear_allow_rules()
         aiocop.reset_blocking_event_table()
         aiocop.disable_raise_on_violations()
+        _state.config.raise_min_score = aiocop.THRESHOLD_HIGH  # enable_raise_on_violations(level=) is global
         aiocop.activate()
         assert not _hook.unclaimed, "every recorded step was delivered"

@@ -9,22 +9,13 @@ import time
 import pytest
 
 import aiocop
-from tests.conftest import Collector, run_on
-
-VELOXLOOP_CONTEXT = pytest.mark.xfail(
-    strict=True, reason="veloxloop 0.2 does not copy the context into tasks it creates (no contextvar inheritance)"
-)
-
-
-def _xfail_on_veloxloop(request: pytest.FixtureRequest, loop_name: str) -> None:
-    if loop_name == "veloxloop":
-        request.applymarker(VELOXLOOP_CONTEXT)
+from tests.conftest import Collector, run_on, xfail_on_veloxloop
 
 
 def test_offending_task_fails_at_the_call_and_bystander_finishes(
     detector: Collector, loop_name: str, request: pytest.FixtureRequest
 ) -> None:
-    _xfail_on_veloxloop(request, loop_name)
+    xfail_on_veloxloop(request, loop_name)
     reached_after_call: list[bool] = []
 
     async def offender() -> None:
@@ -77,7 +68,7 @@ def test_loop_keeps_running_after_a_violation(detector: Collector, loop_name: st
 def test_scope_is_inherited_by_tasks_created_inside_only(
     detector: Collector, loop_name: str, request: pytest.FixtureRequest
 ) -> None:
-    _xfail_on_veloxloop(request, loop_name)
+    xfail_on_veloxloop(request, loop_name)
 
     async def blocker() -> None:
         time.sleep(0.001)

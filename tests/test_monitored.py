@@ -1,0 +1,118 @@
+"""monitored(): per-context switching, as the ASGI middleware samples requests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+import aiocop
+from tests import stalls
+from tests.conftest import Collector, run_on, xfail_on_veloxloop
+from tests.test_watchdog import only_event, timed_stall, watchdog  # noqa: F401 - fixture
+
+Watchdog = Collector
+
+
+def test_unmonitored_scope_hides_only_its_own_tasks(
+    detector: Collector, loop_name: str, request: pytest.FixtureRequest
+) -> None:
+    xfail_on_veloxloop(request, loop_name)
+
+    async def request(path: str, sampled: bool) -> None:
+        with aiocop.monitored(enabled=sampled):
+            await asyncio.sleep(0)
+            os.stat(path)  # both requests block, interleaved on one loop
+            await asyncio.sleep(0)
+            # A task started by the request inherits its setting.
+            await asyncio.create_task(asyncio.to_thread(int))  # harmless: runs in a thread
+            await asyncio.get_running_loop().create_task(child(path))
+
+    async def child(path: str) -> None:
+        os.listdir(path)
+
+    async def main() -> None:
+        await asyncio.gather(request("/", sampled=True), request(".", sampled=False))
+        os.stat("/")  # outside any scope: monitored, as by default
+
+    run_on(loop_name, main())
+    assert [(c["name"], c["args"]) for c in detector.calls] == [
+        ("os.stat", "/"),
+        ("os.listdir", "/"),
+        ("os.stat", "/"),
+    ]
+
+
+def test_unmonitored_call_does_not_raise(detector: Collector, loop_name: str) -> None:
+    @aiocop.monitored(enabled=False)
+    async def unsampled() -> str:
+        os.stat(".")
+        return "served"
+
+    @aiocop.monitored()
+    async def sampled() -> None:
+        os.stat(".")
+
+    async def main() -> list[object]:
+        aiocop.enable_raise_on_violations(level="low")
+        return await asyncio.gather(unsampled(), sampled(), return_exceptions=True)
+
+    unsampled_result, sampled_result = run_on(loop_name, main())
+    assert unsampled_result == "served"
+    assert isinstance(sampled_result, aiocop.HighSeverityBlockingIoException)
+
+
+def test_is_monitored_follows_the_scope_and_global_switches(detector: Collector) -> None:
+    assert aiocop.is_monitored()
+    with aiocop.monitored(enabled=False):
+        assert not aiocop.is_monitored()
+        with aiocop.monitored():
+            assert aiocop.is_monitored()
+        assert not aiocop.is_monitored()
+    aiocop.deactivate()
+    assert not aiocop.is_monitored()
+    aiocop.activate()
+    assert aiocop.is_monitored()
+
+
+def test_monitored_rejects_a_non_bool() -> None:
+    with pytest.raises(TypeError, match="enabled must be a bool"):
+        aiocop.monitored(enabled="no")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("sampled", [True, False])
+def test_stalls_of_unmonitored_tasks_are_not_reported(
+    watchdog: Watchdog,  # noqa: F811 - the fixture
+    loop_name: str,
+    sampled: bool,
+) -> None:
+    async def main() -> None:
+        with aiocop.monitored(enabled=sampled):
+            await timed_stall(stalls.spin)
+
+    run_on(loop_name, main())
+    if sampled:
+        assert only_event(watchdog).reason == "cpu_blocking"
+    else:
+        with pytest.raises(AssertionError):
+            only_event(watchdog)
+        assert watchdog.events == []
+
+
+def test_task_setting_is_restored_when_the_scope_exits(detector: Collector, loop_name: str) -> None:
+    from aiocop import _state
+
+    async def main() -> list[object]:
+        task = asyncio.current_task()
+        assert task is not None
+        seen = []
+        with aiocop.monitored(enabled=False):
+            seen.append(_state.task_monitored.get(task))
+            with aiocop.monitored():
+                seen.append(_state.task_monitored.get(task))
+            seen.append(_state.task_monitored.get(task))
+        seen.append(_state.task_monitored.get(task))
+        return seen
+
+    assert run_on(loop_name, main()) == [False, True, False, None]
