@@ -59,3 +59,8 @@ def level_threshold(level: str) -> int:
     if level not in _LEVEL_RANK:
         raise ValueError(f"severity level must be one of 'low', 'medium', 'high', not {level!r}")
     return {"low": 0, "medium": THRESHOLD_MEDIUM, "high": THRESHOLD_HIGH}[level]
+
+
+def level_rank(level: str) -> int:
+    """Order of a severity level name: low (0) < medium (1) < high (2); unknown is -1."""
+    return _LEVEL_RANK.get(level, -1)

@@ -1,0 +1,1 @@
+"""pytest plugin (placeholder while it is being written; registered through `pytest11`)."""
