@@ -52,6 +52,7 @@ from aiocop._callbacks import (
 from aiocop._delivery import format_blocking_event
 from aiocop._events import BlockingEventInfo, CpuStackSample, RawBlockingEvent, SlowTaskEvent
 from aiocop._exceptions import HighSeverityBlockingIoException
+from aiocop._logging import LoggingCallback, log_events
 from aiocop._rules import BLOCKING_CALLS, BlockingCall, get_blocking_events_dict
 from aiocop._severity import (
     THRESHOLD_HIGH,
@@ -84,6 +85,7 @@ __all__ = [
     "CpuStackSample",
     "HighSeverityBlockingIoException",
     "IoSeverityLevel",
+    "LoggingCallback",
     "RawBlockingEvent",
     "SlowTaskCallback",
     "SlowTaskEvent",
@@ -109,6 +111,7 @@ __all__ = [
     "is_monitored",
     "is_monitoring_active",
     "is_raise_on_violations_enabled",
+    "log_events",
     "monitored",
     "patch_audit_functions",
     "raise_on_violations",

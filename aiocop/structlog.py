@@ -1,0 +1,88 @@
+"""Log aiocop's events through structlog: one structured entry per event.
+
+```python
+import aiocop
+import aiocop.structlog
+
+aiocop.start_blocking_io_detection()
+aiocop.detect_slow_tasks(threshold_ms=50)
+aiocop.structlog.log_events()
+```
+
+Each entry is logged as `"aiocop.blocking_call"` (or `"aiocop.loop_stall"`)
+with the keys `blocking_event`, `call_site`, `duration_ms`, `severity`,
+`task`, `thread`, `trace` (first occurrence of a call site) or `repeated`
+(later ones), `reason`, `loop`, and whatever the context providers returned
+(`http_path`, trace ids, ...). structlog is imported only by this module
+(`pip install 'aiocop[structlog]'`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from aiocop import _callbacks
+from aiocop._logging import CallSiteLimiter, structured_fields
+
+if TYPE_CHECKING:
+    from aiocop._events import SlowTaskEvent
+
+__all__ = ["StructlogCallback", "log_events"]
+
+_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class StructlogCallback:
+    """A slow-task callback that logs each event as one structlog entry.
+
+    A call site's first event carries the full `trace`; later ones are
+    logged at most once per `repeat_interval_s`, with `repeated`: the number
+    of its events not logged since.
+    """
+
+    def __init__(
+        self,
+        logger: Any | None = None,
+        *,
+        level: str = "warning",
+        repeat_interval_s: float = 60.0,
+    ) -> None:
+        if level not in _LEVELS:
+            raise ValueError(f"level must be one of {', '.join(_LEVELS)}, not {level!r}")
+        if logger is not None and not callable(getattr(logger, level, None)):
+            raise TypeError(f"logger must be a structlog logger (with a .{level}() method), not {logger!r}")
+        self.logger = logger if logger is not None else structlog.get_logger("aiocop")
+        self.level = level
+        self.limiter = CallSiteLimiter(repeat_interval_s)
+
+    def __call__(self, event: SlowTaskEvent) -> None:
+        occurrence = self.limiter.check(event)
+        if occurrence is None:
+            return
+        name = "aiocop.loop_stall" if event.reason == "cpu_blocking" else "aiocop.blocking_call"
+        getattr(self.logger, self.level)(name, **structured_fields(event, occurrence))
+
+
+def log_events(
+    logger: Any | None = None,
+    *,
+    level: str = "warning",
+    repeat_interval_s: float = 60.0,
+) -> StructlogCallback:
+    """Log every event through structlog, from now on.
+
+    Args:
+        logger: A structlog logger (default `structlog.get_logger("aiocop")`).
+        level: The method used: `"warning"` (default), `"error"`, `"info"`, ...
+        repeat_interval_s: After a call site's first entry, log it at most
+            once per this many seconds, with the count in between (0 logs
+            every event).
+
+    Returns:
+        The registered callback (pass it to `aiocop.unregister_slow_task_callback`).
+    """
+    callback = StructlogCallback(logger, level=level, repeat_interval_s=repeat_interval_s)
+    _callbacks.register_slow_task_callback(callback)
+    return callback
