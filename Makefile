@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python examples/demo_app.py
+	$(BIN)/python -m aiocop run --uvloop examples/demo_app.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider

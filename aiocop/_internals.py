@@ -102,6 +102,7 @@ HARMLESS: tuple[HarmlessRule, ...] = (
     HarmlessRule(
         event=(
             "open",
+            "os.posix_spawn",
             "os.read",
             "os.write",
             "select.poll",
@@ -111,7 +112,8 @@ HARMLESS: tuple[HarmlessRule, ...] = (
             "threading.Event.wait",
         ),
         inside_modules=("subprocess",),
-        reason="the pipes and waits of `subprocess.run()`/`communicate()`: already reported as `subprocess.Popen`",
+        reason="the spawn, pipes and waits of `subprocess.run()`/`communicate()`: already reported as "
+        "`subprocess.Popen`",
     ),
     HarmlessRule(
         event=("threading.Lock.acquire", "threading.Condition.wait"),

@@ -124,6 +124,7 @@ class SiteStats:
     total_ms: float = 0.0
     worst_ms: float = 0.0
     severity: str = "low"
+    example_trace: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -134,6 +135,7 @@ class SiteStats:
             "total_ms": round(self.total_ms, 3),
             "worst_ms": round(self.worst_ms, 3),
             "severity": self.severity,
+            "example_trace": self.example_trace,
         }
 
 
@@ -157,14 +159,15 @@ class Summary:
             self.dropped_calls += event.dropped_events
             touched: set[tuple[str, str]] = set()
             if event.reason == "cpu_blocking":
-                self._row((call_site(event), STALL), event, touched)
+                samples = event.cpu_stack_samples
+                self._row((call_site(event), STALL), event, touched, samples[0]["trace"] if samples else "")
             for info in event.blocking_events:
-                self._row((info["entry_point"], info.get("name", info["event"])), event, touched)
+                self._row((info["entry_point"], info.get("name", info["event"])), event, touched, info["trace"])
 
-    def _row(self, key: tuple[str, str], event: SlowTaskEvent, touched: set[tuple[str, str]]) -> None:
+    def _row(self, key: tuple[str, str], event: SlowTaskEvent, touched: set[tuple[str, str]], trace: str) -> None:
         row = self._rows.get(key)
         if row is None:
-            row = self._rows[key] = SiteStats(*key)
+            row = self._rows[key] = SiteStats(*key, example_trace=trace)
         row.count += 1
         if key not in touched:
             touched.add(key)

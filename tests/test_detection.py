@@ -24,6 +24,8 @@ CASE_PARAMS = [pytest.param(case, id=case.name) for case in CASES]
 def assert_reported_once(detector: Collector, case: Case) -> None:
     matching = [c for c in detector.calls if c["name"] == case.event]
     assert len(matching) == 1, f"{case.event} reported {len(matching)} times: {detector.names()}"
+    same_line = [c["name"] for c in detector.calls if c["entry_point"] == matching[0]["entry_point"]]
+    assert same_line == [case.event], "one call, one report (not also its internals)"
     assert matching[0]["entry_point"].endswith(case.site), matching[0]
     assert matching[0]["trace"].startswith(case.site) or case.site in matching[0]["trace"]
 

@@ -1,0 +1,250 @@
+"""`python -m aiocop run`: run a program with detection on and summarise what blocked its loops."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import aiocop
+from aiocop._report import Summary, describe
+from aiocop._severity import level_rank
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from aiocop._events import SlowTaskEvent
+
+PROG = "python -m aiocop"
+EXIT_USAGE = 2
+EXIT_FAIL_ON = 3
+LEVELS = ("low", "medium", "high")
+
+# aiocop's own options of `run` that take a value: everything up to the
+# program (a script path, or `-m module`) is aiocop's, the rest the program's.
+_VALUE_OPTIONS = frozenset({"--threshold-ms", "--trace-depth", "--json", "--fail-on", "--top"})
+
+
+def _positive(kind: type[float] | type[int]) -> Any:
+    def parse(text: str) -> float | int:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The `python -m aiocop` parser and its `run` sub-parser."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Find the calls that freeze your asyncio event loops.",
+        epilog=f"Run '{PROG} run --help' for the options of a run.",
+    )
+    parser.add_argument("--version", action="version", version=f"aiocop {aiocop.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="command")
+    run = commands.add_parser(
+        "run",
+        help="run a program with detection on and print a summary of blocking call sites at exit",
+        usage=f"{PROG} run [options] (script.py | -m module) [args ...]",
+        description=(
+            "Run a Python program with aiocop watching every event loop it starts, then print a "
+            "table of the call sites that blocked a loop: count, loop time lost, worst step, severity."
+        ),
+    )
+    run.add_argument("--uvloop", action="store_true", help="run the program's asyncio.run() loops on uvloop")
+    run.add_argument(
+        "--threshold-ms",
+        type=_positive(float),
+        default=30.0,
+        metavar="MS",
+        help="a step holding its loop this long is a stall (default: 30)",
+    )
+    run.add_argument(
+        "--no-watchdog", action="store_true", help="intercepted calls only: do not look for CPU-bound stalls"
+    )
+    run.add_argument(
+        "--trace-depth", type=_positive(int), default=10, metavar="N", help="frames kept per call (default: 10)"
+    )
+    run.add_argument(
+        "--json", metavar="FILE", help="also write the summary, with one example trace per call site, as JSON"
+    )
+    run.add_argument(
+        "--fail-on",
+        choices=LEVELS,
+        metavar="SEVERITY",
+        help=f"exit with status {EXIT_FAIL_ON} if a call site reached this severity (low, medium or high)",
+    )
+    run.add_argument("--top", type=_positive(int), default=20, metavar="N", help="rows shown (default: 20)")
+    run.add_argument("-v", "--verbose", action="store_true", help="also print each event as it is reported")
+    run.add_argument("-m", dest="module", metavar="module", help="run a library module as a script, like python -m")
+    return parser, run
+
+
+@dataclass(frozen=True)
+class Program:
+    """What to run: a script path or a module name, and its arguments."""
+
+    script: str | None
+    module: str | None
+    args: list[str]
+
+
+def split_program(argv: Sequence[str]) -> tuple[list[str], Program | None]:
+    """aiocop's options, and the program with its own arguments (`None` if absent)."""
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "-m" or (token.startswith("-m") and not token.startswith("--")):
+            module = token[2:] or (argv[i + 1] if i + 1 < len(argv) else "")
+            rest = argv[i + 1 :] if token[2:] else argv[i + 2 :]
+            return list(argv[:i]), Program(None, module, list(rest)) if module else None
+        if token == "--":
+            return list(argv[:i]), Program(argv[i + 1], None, list(argv[i + 2 :])) if i + 1 < len(argv) else None
+        if not token.startswith("-") or token == "-":
+            return list(argv[:i]), Program(token, None, list(argv[i + 1 :]))
+        i += 2 if token in _VALUE_OPTIONS else 1
+    return list(argv), None
+
+
+def _usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    parser.error(message)  # prints usage and the message, exits with status 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, run_parser = build_parsers()
+    if not argv:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    if argv[0] != "run":
+        parser.parse_args(argv)  # --help, --version, or an error naming the bad command
+        _usage_error(parser, f"unknown command {argv[0]!r}")
+    options, program = split_program(argv[1:])
+    settings = run_parser.parse_args(options)
+    if program is None:
+        _usage_error(run_parser, "the program to run is missing: give a script path or -m module")
+    if program.script is not None and not os.path.isfile(program.script):
+        _usage_error(run_parser, f"can't open file {program.script!r}: no such file")
+    if program.module is not None and not _module_exists(program.module):
+        _usage_error(run_parser, f"no module named {program.module!r}")
+    if settings.uvloop:
+        _use_uvloop(run_parser)
+    return _run(program, settings)
+
+
+def _module_exists(name: str) -> bool:
+    # As `python -m`, which imports the parent packages to find the module.
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _use_uvloop(parser: argparse.ArgumentParser) -> None:
+    try:
+        import uvloop  # noqa: PLC0415 - an optional dependency, needed only with --uvloop
+    except ImportError:
+        _usage_error(parser, "--uvloop needs uvloop: pip install 'aiocop[uvloop]'")
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def _run(program: Program, settings: argparse.Namespace) -> int:
+    summary = Summary()
+    aiocop.start_blocking_io_detection(trace_depth=settings.trace_depth)
+    aiocop.detect_slow_tasks(
+        threshold_ms=settings.threshold_ms, on_slow_task=summary, cpu_sampling=not settings.no_watchdog
+    )
+    if settings.verbose:
+        aiocop.register_slow_task_callback(_print_event)
+    status = _execute(program)
+    aiocop.stop()  # delivers what is still pending
+    aiocop.unregister_slow_task_callback(summary)
+    aiocop.unregister_slow_task_callback(_print_event)
+
+    print("\n" + summary.render(limit=settings.top), file=sys.stderr)
+    if settings.json:
+        _write_json(settings.json, program, status, summary)
+    worst = summary.worst_level()
+    if status == 0 and settings.fail_on and worst is not None and level_rank(worst) >= level_rank(settings.fail_on):
+        print(
+            f"aiocop: failing: a call site reached severity {worst!r} (--fail-on {settings.fail_on})", file=sys.stderr
+        )
+        return EXIT_FAIL_ON
+    return status
+
+
+def _print_event(event: SlowTaskEvent) -> None:
+    print("aiocop: " + describe(event), file=sys.stderr)
+
+
+def _execute(program: Program) -> int:
+    """Run the program as `python script.py` / `python -m module` would; its exit status."""
+    saved_argv, saved_path0 = sys.argv, sys.path[0]
+    try:
+        if program.module is not None:
+            sys.argv = [program.module, *program.args]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(program.module, run_name="__main__", alter_sys=True)
+        else:
+            assert program.script is not None
+            sys.argv = [program.script, *program.args]
+            sys.path[0] = os.path.dirname(os.path.abspath(program.script))
+            runpy.run_path(program.script, run_name="__main__")
+    except SystemExit as exit_:
+        return _exit_status(exit_.code)
+    except KeyboardInterrupt as interrupt:
+        _print_program_error(interrupt)
+        return 130
+    except BaseException as error:  # the program's own failure: show it as Python would, then the summary
+        _print_program_error(error)
+        return 1
+    finally:
+        sys.argv, sys.path[0] = saved_argv, saved_path0
+    return 0
+
+
+def _print_program_error(error: BaseException) -> None:
+    # Start the traceback at the program's own frames, as `python script.py`
+    # would: skip this module's and runpy's.
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__, "<frozen runpy>"):
+        tb = tb.tb_next
+    traceback.print_exception(type(error), error, tb)
+
+
+def _exit_status(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message") prints it and exits with 1
+    return 1
+
+
+def _write_json(path: str, program: Program, status: int, summary: Summary) -> None:
+    document = {
+        "aiocop": aiocop.__version__,
+        "program": program.script or f"-m {program.module}",
+        "args": program.args,
+        "exit_status": status,
+        **summary.to_dict(),
+    }
+    try:
+        with open(path, "w", encoding="utf-8") as out:
+            json.dump(document, out, indent=2)
+            out.write("\n")
+    except OSError as error:
+        print(f"aiocop: could not write --json file: {error}", file=sys.stderr)

@@ -1,0 +1,226 @@
+"""`python -m aiocop run`: the real CLI, in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from aiocop._cli import Program, split_program
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROGRAM = """
+import asyncio, os, sys, time
+
+async def main():
+    for _ in range(3):
+        os.stat(".")  # light, three times
+        await asyncio.sleep(0)
+    time.sleep(0.04)  # heavy, once
+    print("program ran with", sys.argv[1:], type(asyncio.get_running_loop()).__module__.split('.')[0])
+
+asyncio.run(main())
+"""
+
+
+def aiocop_run(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aiocop", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture
+def program(tmp_path: Path) -> Path:
+    path = tmp_path / "prog.py"
+    path.write_text(textwrap.dedent(PROGRAM))
+    return path
+
+
+def test_runs_a_script_and_prints_call_sites_worst_first(program: Path) -> None:
+    result = aiocop_run("run", program.name, "a", "--flag", cwd=program.parent)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "program ran with ['a', '--flag'] asyncio\n", "the program's own output is untouched"
+    lines = result.stderr.splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("call site")))
+    assert lines[header].split() == ["call", "site", "event", "count", "total", "ms", "worst", "ms", "severity"]
+    rows = [line.split() for line in lines[header + 2 :]]
+    assert [(r[0], r[1], r[2], r[-1]) for r in rows] == [
+        ("prog.py:8:main", "time.sleep", "1", "high"),
+        ("prog.py:6:main", "os.stat", "3", "low"),
+    ]
+    assert "4 blocking call(s) and 0 stall(s) at 2 call site(s)" in result.stderr
+
+
+def test_json_report(program: Path, tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    result = aiocop_run("run", "--json", report, program.name, cwd=program.parent)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(report.read_text())
+    assert data["exit_status"] == 0
+    assert data["worst_severity"] == "high"
+    assert data["program"] == "prog.py"
+    sleep, stat = data["call_sites"]
+    assert (sleep["event"], sleep["count"], sleep["steps"], sleep["severity"]) == ("time.sleep", 1, 1, "high")
+    assert sleep["worst_ms"] >= 40 * 0.9
+    assert sleep["total_ms"] == sleep["worst_ms"]
+    assert (stat["event"], stat["count"], stat["call_site"]) == ("os.stat", 3, "prog.py:6:main")
+    assert stat["example_trace"] == "prog.py:6:main"
+
+
+def test_module_with_arguments(program: Path) -> None:
+    result = aiocop_run("run", "--uvloop", "-m", "prog", "--x", "1", cwd=program.parent)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "program ran with ['--x', '1'] uvloop\n"
+    assert "prog.py:8:main" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("level", "status"),
+    [("high", 3), ("low", 3)],
+)
+def test_fail_on_reached(program: Path, level: str, status: int) -> None:
+    result = aiocop_run("run", "--fail-on", level, program)
+    assert result.returncode == status
+    assert f"reached severity 'high' (--fail-on {level})" in result.stderr
+
+
+def test_fail_on_not_reached(tmp_path: Path) -> None:
+    script = tmp_path / "light.py"
+    script.write_text("import asyncio, os\nasync def main():\n    os.stat('.')\nasyncio.run(main())\n")
+    assert aiocop_run("run", "--fail-on", "medium", script).returncode == 0
+    assert aiocop_run("run", "--fail-on", "low", script).returncode == 3
+
+
+def test_the_programs_own_exit_status_wins(tmp_path: Path) -> None:
+    script = tmp_path / "exits.py"
+    script.write_text(
+        "import asyncio, sys, time\nasync def main():\n    time.sleep(0.01)\nasyncio.run(main())\nsys.exit(4)\n"
+    )
+    result = aiocop_run("run", "--fail-on", "high", script)
+    assert result.returncode == 4
+    assert "exits.py:3:main" in result.stderr, "the summary is printed all the same"
+
+
+def test_a_crashing_program_shows_its_own_traceback_then_the_summary(tmp_path: Path) -> None:
+    script = tmp_path / "crash.py"
+    script.write_text("import asyncio, os\nasync def main():\n    os.stat('.')\n    1 / 0\nasyncio.run(main())\n")
+    result = aiocop_run("run", script)
+    assert result.returncode == 1
+    traceback = result.stderr[result.stderr.index("Traceback") :]
+    first_frame = traceback.splitlines()[1]
+    assert first_frame.strip().startswith(f'File "{script}"'), traceback
+    assert "runpy" not in traceback
+    assert "_cli.py" not in traceback
+    assert "ZeroDivisionError" in traceback
+    assert traceback.index("ZeroDivisionError") < traceback.index("crash.py:3:main")
+
+
+def test_sys_exit_with_a_message(tmp_path: Path) -> None:
+    script = tmp_path / "message.py"
+    script.write_text("import sys\nsys.exit('bad input')\n")
+    result = aiocop_run("run", script)
+    assert result.returncode == 1
+    assert result.stderr.startswith("bad input\n")
+    assert "no blocking calls or stalls were seen" in result.stderr
+
+
+def test_stall_is_a_row_unless_the_watchdog_is_off(tmp_path: Path) -> None:
+    script = tmp_path / "spin.py"
+    script.write_text(
+        "import asyncio, time\n"
+        "async def main():\n"
+        "    await asyncio.sleep(0.02)\n"
+        "    end = time.perf_counter() + 0.08\n"
+        "    while time.perf_counter() < end:\n"
+        "        pass\n"
+        "    await asyncio.sleep(0.02)\n"
+        "asyncio.run(main())\n"
+    )
+    with_watchdog = aiocop_run("run", "--threshold-ms", "20", script)
+    assert with_watchdog.returncode == 0, with_watchdog.stderr
+    assert "0 blocking call(s) and 1 stall(s)" in with_watchdog.stderr
+    assert "  stall  " in with_watchdog.stderr
+    without = aiocop_run("run", "--no-watchdog", script)
+    assert "no blocking calls or stalls were seen" in without.stderr
+
+
+def test_verbose_prints_each_event_with_its_source_line(program: Path) -> None:
+    result = aiocop_run("run", "-v", program)
+    assert result.stderr.count("aiocop: 1 blocking call in task") == 4
+    assert 'os.stat(".")  # light, three times' in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("run", "missing.py"), "can't open file 'missing.py': no such file"),
+        (("run", "-m", "no_such_module_here"), "no module named 'no_such_module_here'"),
+        (("run",), "the program to run is missing"),
+        (("run", "--fail-on", "severe", "x.py"), "argument --fail-on: invalid choice: 'severe'"),
+        (("run", "--threshold-ms", "-3", "x.py"), "argument --threshold-ms: expected a positive float, got '-3'"),
+        (("run", "--trace-depth", "many", "x.py"), "argument --trace-depth: expected a positive int, got 'many'"),
+        (("bench",), "invalid choice: 'bench'"),
+        ((), "usage: python -m aiocop"),
+    ],
+)
+def test_usage_errors(args: tuple[str, ...], message: str) -> None:
+    result = aiocop_run(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_version() -> None:
+    import aiocop
+
+    result = aiocop_run("--version")
+    assert (result.returncode, result.stdout.strip()) == (0, f"aiocop {aiocop.__version__}")
+
+
+@pytest.mark.parametrize(
+    ("argv", "options", "program"),
+    [
+        (
+            ["--json", "out.json", "app.py", "--json", "x"],
+            ["--json", "out.json"],
+            Program("app.py", None, ["--json", "x"]),
+        ),
+        (["-v", "-m", "pkg.mod", "-v"], ["-v"], Program(None, "pkg.mod", ["-v"])),
+        (["-mpkg", "a"], [], Program(None, "pkg", ["a"])),
+        (["--", "-odd-name.py", "a"], [], Program("-odd-name.py", None, ["a"])),
+        (["--uvloop"], ["--uvloop"], None),
+        (["-m"], [], None),
+    ],
+)
+def test_split_program(argv: list[str], options: list[str], program: Program | None) -> None:
+    assert split_program(argv) == (options, program)
+
+
+def test_the_demo_catches_every_planted_call() -> None:
+    report = ROOT / ".pytest-demo-report.json"
+    try:
+        result = aiocop_run("run", "--uvloop", "--json", report, "examples/demo_app.py", cwd=ROOT)
+        assert result.returncode == 0, result.stderr
+        rows = json.loads(report.read_text())["call_sites"]
+    finally:
+        report.unlink(missing_ok=True)
+    found = {(r["call_site"].rsplit(":", 1)[1], r["event"]) for r in rows}
+    assert found == {
+        ("render", "open"),
+        ("health", "os.stat"),
+        ("health", "socket.gethostbyname"),
+        ("report", "time.sleep"),
+        ("report", "subprocess.Popen"),
+        ("stats", "stall"),
+    }, "every handler but /fine (which uses asyncio.to_thread) is caught, at its own line"
+    assert all(r["call_site"].startswith("examples/demo_app.py:") for r in rows)
