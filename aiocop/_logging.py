@@ -95,9 +95,10 @@ def headline(event: SlowTaskEvent) -> str:
     if event.reason == "cpu_blocking":
         return f"aiocop: loop stalled {event.elapsed_ms:.1f} ms at {site}: {event.culprit or 'no call to intercept'}"
     names = ", ".join(dict.fromkeys(info.get("name", info["event"]) for info in event.blocking_events))
+    task = f", task {event.task_name!r}" if event.task_name else ""
     return (
         f"aiocop: blocking call {names} at {site} "
-        f"(severity {event.severity_level}, loop held {event.elapsed_ms:.1f} ms)"
+        f"(severity {event.severity_level}, loop held {event.elapsed_ms:.1f} ms{task})"
     )
 
 
@@ -132,17 +133,18 @@ class LoggingCallback:
             return
         data = to_record(event)
         if occurrence.first:
-            message = headline(event) + "\n" + describe(event)
+            details = describe(event).splitlines()[1:]  # its first line says what the headline says
+            message = "\n".join([headline(event), *details])
         else:
             data["repeated"] = occurrence.repeated
-            message = f"{headline(event)} [{_repeats(occurrence, self.limiter.interval_s)}]"
+            message = f"{headline(event)} [{_repeats(occurrence)}]"
         self.logger.log(self.level, "%s", message, extra={"aiocop": data})
 
 
-def _repeats(occurrence: Occurrence, interval_s: float) -> str:
+def _repeats(occurrence: Occurrence) -> str:
     if not occurrence.repeated:
         return "again"
-    return f"+{occurrence.repeated} more not logged in the last {interval_s:g} s, worst {occurrence.worst_ms:.1f} ms"
+    return f"+{occurrence.repeated} more since the last entry, worst {occurrence.worst_ms:.1f} ms"
 
 
 def _check_level(level: object) -> int:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import structlog
@@ -16,6 +20,8 @@ from aiocop._logging import CallSiteLimiter
 from tests import stalls
 from tests.conftest import Collector, run_on
 from tests.test_watchdog import only_event, timed_stall, watchdog  # noqa: F401 - fixture
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 async def stat_in_a_loop(times: int) -> None:
@@ -211,3 +217,30 @@ def test_logging_never_blocks_detection_of_the_next_step(detector: Collector, lo
         log.removeHandler(handler)
         handler.close()
     assert detector.names() == ["os.stat"] * 3
+
+
+def run_example(name: str) -> str:
+    result = subprocess.run(
+        [sys.executable, f"examples/{name}"], capture_output=True, text=True, cwd=ROOT, timeout=60, check=True
+    )
+    return result.stdout + result.stderr
+
+
+def test_logging_example_runs_as_documented() -> None:
+    lines = run_example("log_with_logging.py").splitlines()
+    headlines = [line for line in lines if line.startswith("WARNING aiocop.events aiocop:")]
+    assert len(headlines) == 3, lines
+    first_open, sleep, later_open = headlines
+    assert "blocking call open at examples/log_with_logging.py:" in first_open
+    assert "blocking call time.sleep" in sleep
+    assert later_open.endswith("ms]")
+    assert "[+19 more since the last entry" in later_open, "the 2nd batch's 10 and the 3rd's 9 others"
+    assert any("data = Path(__file__).read_bytes()" in line for line in lines), "the source line is shown"
+
+
+def test_structlog_example_runs_as_documented() -> None:
+    entries = [json.loads(line) for line in run_example("log_with_structlog.py").splitlines()]
+    assert [(e["event"], e["blocking_event"], e["http_path"], e["level"]) for e in entries] == [
+        ("aiocop.blocking_call", "os.stat", "/items", "warning")
+    ], "three requests, one call site: one entry"
+    assert entries[0]["call_site"].startswith("examples/log_with_structlog.py:")
