@@ -7,7 +7,9 @@ VENV ?= .venv-$(PYVER)
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck check clean bench
+DOCS_STAMP := $(VENV)/.docs-installed
+
+.PHONY: demo test lint typecheck check clean bench docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +32,16 @@ typecheck: $(STAMP)
 
 check: lint typecheck test
 
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+# Strict: a broken link, a missing page or a missing snippet fails the build.
+docs: $(DOCS_STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/stat_overhead.py
 
 clean:
-	rm -rf .venv-* .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv-* .pytest_cache .mypy_cache .ruff_cache site
