@@ -19,6 +19,7 @@ import threading
 import time
 import weakref
 from asyncio import AbstractEventLoop, _get_running_loop
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from aiocop._internals import LOOP_FRAMES
@@ -100,10 +101,22 @@ watches: dict[int, LoopWatch] = {}
 _watch_lock = threading.Lock()
 # Called with the new watch when a loop starts (the watchdog wakes up).
 on_change: Callable[[], None] | None = None
+# Loops that stopped since the watchdog last looked, with when they stopped and
+# their thread's CPU time then. The watchdog finishes the step each one was
+# in: without this a stall in a loop's very last step (a test body that never
+# awaits after a CPU-bound call) went unreported, its watch gone before the
+# watchdog saw the step end. Only the watchdog thread takes entries; bounded
+# in case it is slow to look.
+retired: deque[tuple[LoopWatch, float, float | None]] = deque(maxlen=64)
 
 
-def register(loop: AbstractEventLoop, base_frame: FrameType | None, thread_id: int | None = None) -> LoopWatch:
-    """Record that `loop` runs on the current thread (or the given one)."""
+def register(
+    loop: AbstractEventLoop, base_frame: FrameType | None, thread_id: int | None = None, *, starting: bool = False
+) -> LoopWatch:
+    """Record that `loop` runs on the current thread (or the given one).
+
+    `starting`: called by the loop's own thread as it starts, before its first step.
+    """
     global watches
     current = watches.get(threading.get_ident() if thread_id is None else thread_id)
     if current is not None and current.loop is loop:
@@ -111,6 +124,13 @@ def register(loop: AbstractEventLoop, base_frame: FrameType | None, thread_id: i
             current.base_frame = base_frame
         return current  # the same start, seen through a second signal
     watch = LoopWatch(loop, base_frame, thread_id)
+    if starting:
+        # The loop is idle at this moment. Without a look at it idle, the
+        # watchdog would time a step it first sees already running from a
+        # guess half an idle interval back, and report a short first step
+        # (a test body right after its loop started) as a stall.
+        watch.idle_t = time.perf_counter()
+        watch.idle_cpu = watch.cpu_time()
     with _watch_lock:
         watches = {**watches, watch.thread_id: watch}
     if on_change is not None:
@@ -118,11 +138,16 @@ def register(loop: AbstractEventLoop, base_frame: FrameType | None, thread_id: i
     return watch
 
 
-def unregister(thread_id: int) -> None:
+def unregister(thread_id: int, *, stopping: bool = False) -> None:
+    """Forget the loop of a thread; `stopping`: called by that thread as its loop stops."""
     global watches
     with _watch_lock:
-        if thread_id in watches:
-            watches = {k: v for k, v in watches.items() if k != thread_id}
+        watch = watches.get(thread_id)
+        if watch is None:
+            return
+        watches = {k: v for k, v in watches.items() if k != thread_id}
+    if stopping:
+        retired.append((watch, time.perf_counter(), watch.cpu_time()))
 
 
 def ensure_registered(loop: AbstractEventLoop) -> None:
@@ -147,9 +172,9 @@ def _set_asyncgen_hooks(*args: Any, **kwargs: Any) -> Any:
             # dispatch frames (_internals.LOOP_FRAMES), so nothing is kept for
             # it (holding a frame keeps its locals alive).
             python_loop = type(owner).__module__.partition(".")[0] in _PYTHON_LOOP_PACKAGES
-            register(owner, None if python_loop else sys._getframe(1))
+            register(owner, None if python_loop else sys._getframe(1), starting=True)
         elif firstiter is not _MISSING:
-            unregister(threading.get_ident())  # hooks restored: the loop stopped
+            unregister(threading.get_ident(), stopping=True)  # hooks restored: the loop stopped
     except Exception:  # never let bookkeeping break a loop's start
         logger.exception("aiocop: could not track an event loop start/stop (ignored)")
     assert _original_set_hooks is not None
@@ -165,9 +190,9 @@ def _set_running_loop(loop: AbstractEventLoop | None) -> None:
     try:
         if isinstance(loop, AbstractEventLoop):
             python_loop = type(loop).__module__.partition(".")[0] in _PYTHON_LOOP_PACKAGES
-            register(loop, None if python_loop else sys._getframe(1))
+            register(loop, None if python_loop else sys._getframe(1), starting=True)
         elif loop is None:
-            unregister(threading.get_ident())
+            unregister(threading.get_ident(), stopping=True)
     except Exception:
         logger.exception("aiocop: could not track an event loop start/stop (ignored)")
     assert _original_set_running is not None
@@ -201,6 +226,7 @@ def uninstall() -> None:
         _original_set_running = None
     with _watch_lock:
         watches = {}
+    retired.clear()
 
 
 def reinit_after_fork() -> None:
@@ -209,6 +235,7 @@ def reinit_after_fork() -> None:
     # Only the forking thread survives; its loop (if any) keeps running there.
     ident = threading.get_ident()
     watches = {k: v for k, v in watches.items() if k == ident}
+    retired.clear()
     for watch in watches.values():
         watch.thread_id = ident
         watch.cpu_clock = _cpu_clock(ident)

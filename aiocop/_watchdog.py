@@ -225,6 +225,8 @@ class Watchdog:
         self._waker.acquire()
         self._last_scan = 0.0
         self._last_active = 0.0  # last poll that saw a loop do something
+        self.polls = 0  # polls completed, and whether one is under way: what sync() waits on
+        self._polling = False
 
     @property
     def running(self) -> bool:
@@ -261,12 +263,44 @@ class Watchdog:
         # on a VM), with no Python-level Condition machinery, and wake() can cut
         # them short.
         while not self._stopping:
+            self._polling = True
             try:
                 busy, active = self.poll()
             except Exception:
                 logger.exception("aiocop: watchdog poll failed (ignored)")
                 busy, active = False, False
+            self.polls += 1  # only this thread writes both, in this order (see sync)
+            self._polling = False
             _acquire(self._waker, True, self._next_interval(busy, active))
+
+    def sync(self, timeout: float = 1.0) -> bool:
+        """Wait until the watchdog has looked at every loop once since this call.
+
+        Every stall that had ended by the call has then been reported (handed
+        to its loop, or to the delivery worker if the loop has stopped: follow
+        with `_delivery.drain()`). For the pytest plugin, which closes a test's
+        books when the test ends. Returns False if the watchdog is not running
+        or did not look within `timeout` seconds. Never call it from a loop's
+        thread while the loop runs: it waits.
+        """
+        thread = self._thread
+        if thread is None or not thread.is_alive() or thread is threading.current_thread():
+            return False
+        # Read before `polls`: if no poll was under way then, the next one to
+        # complete began after the call; if one was, it may have looked before.
+        polling = self._polling
+        if not polling and not _loops.watches and not _loops.retired:
+            return True  # no loop is running or has stopped unseen: no stall can be pending
+        target = self.polls + (2 if polling else 1)
+        deadline = perf_counter() + timeout
+        pause = allocate_lock()
+        pause.acquire()
+        while self.polls < target:
+            if not self.running or perf_counter() >= deadline:
+                return False
+            self.wake()
+            _acquire(pause, True, 0.0001)  # the C method: no audit event, no wrapper
+        return True
 
     def _next_interval(self, busy: bool, active: bool) -> float:
         now = perf_counter()
@@ -289,6 +323,7 @@ class Watchdog:
         Returns whether any is in a step, and whether any did anything since
         the last look (its thread's CPU clock moved).
         """
+        self._finish_retired()
         watches = _loops.watches
         now = perf_counter()
         if now - self._last_scan < _DISCOVERY_S and _all_quiet(watches):
@@ -309,6 +344,17 @@ class Watchdog:
             self._last_scan = now
             _discover(frames, watches)
         return busy, active
+
+    def _finish_retired(self) -> None:
+        # Loops that stopped since the last look: the step each was in ended
+        # no later than the stop (see _loops.retired).
+        retired = _loops.retired
+        while retired:
+            try:
+                watch, stopped, cpu = retired.popleft()
+            except IndexError:  # cleared meanwhile by stop()
+                return
+            self._finish(watch, stopped, cpu)
 
     def _poll_one(self, watch: LoopWatch, frame: FrameType, now: float) -> bool:
         found = step_of(frame, watch)
