@@ -1,1 +1,217 @@
-"""pytest plugin (placeholder while it is being written; registered through `pytest11`)."""
+"""pytest plugin: fail async tests that block their event loop.
+
+Installed with aiocop and registered through the `pytest11` entry point, it
+does nothing until switched on with `--aiocop` or `aiocop = true` in the ini
+file. Then detection runs for the whole session, and a test fails when its
+body, or any task or callback that ran on a loop during it, made a blocking
+call (or, with `--aiocop-threshold-ms`, held its loop that long). See the
+"pytest" how-to in the docs for every option.
+
+Events are attributed to a test by *phase*: each one is filed under the
+phase (set-up, call, teardown) running when it is delivered, and a phase is
+closed only once what it left pending has been delivered (`_pytest_events`).
+Async test bodies are checked; fixtures and synchronous tests only when
+asked (`--aiocop-check-fixtures`, `--aiocop-check-sync`, or the
+`aiocop_check` marker).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import aiocop
+from aiocop import _pytest_settings
+from aiocop._pytest_events import EventLog, Recorder, failing, message
+
+if TYPE_CHECKING:
+    from collections.abc import Generator
+
+    from aiocop._allow import AllowRule
+    from aiocop._events import SlowTaskEvent
+    from aiocop._pytest_settings import Settings
+
+__all__ = ["EventLog"]
+
+PHASES = ("setup", "call", "teardown")
+
+
+def _no_events() -> dict[str, list[SlowTaskEvent]]:
+    return {phase: [] for phase in PHASES}
+
+
+class _Session:
+    """Detection for one pytest session: started at configure, stopped at unconfigure."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.recorder = Recorder()
+
+    def start(self) -> None:
+        settings = self.settings
+        aiocop.start_blocking_io_detection(trace_depth=settings.trace_depth)
+        if settings.threshold_ms is not None:
+            aiocop.detect_slow_tasks(threshold_ms=settings.threshold_ms)
+        aiocop.register_slow_task_callback(self.recorder)
+        for rule in settings.allow:
+            aiocop.add_allow_rule(rule)
+
+    def stop(self) -> None:
+        aiocop.unregister_slow_task_callback(self.recorder)
+        for rule in self.settings.allow:
+            aiocop.remove_allow_rule(rule)
+        aiocop.stop()
+
+
+@dataclass
+class _TestState:
+    """What the plugin knows about one test, and the events of each of its phases."""
+
+    check_body: bool
+    check_fixtures: bool
+    rules: tuple[AllowRule, ...]  # from its aiocop_allow markers
+    events: dict[str, list[SlowTaskEvent]] = field(default_factory=_no_events)
+    log_requested: bool = False  # it asked for aiocop_events: it judges the events itself
+
+    def checked(self, phase: str) -> bool:
+        if phase == "call":
+            return self.check_body and not self.log_requested
+        return self.check_fixtures
+
+
+_SESSION = pytest.StashKey[_Session]()
+_TEST = pytest.StashKey[_TestState]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    _pytest_settings.add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in _pytest_settings.MARKERS:
+        config.addinivalue_line("markers", line)
+    settings = _pytest_settings.read(config)  # checked even when off: a typo is an error either way
+    if not settings.enabled:
+        return
+    session = _Session(settings)
+    session.start()
+    config.stash[_SESSION] = session
+    config.add_cleanup(session.stop)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    session = config.stash.get(_SESSION, None)
+    return [session.settings.header()] if session is not None else []
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Markers are read here, once per test, so that a bad one is a usage
+    # error before anything runs rather than a failure halfway through.
+    session = config.stash.get(_SESSION, None)
+    for item in items:
+        if session is None:
+            _pytest_settings.marker_rules(item)
+            _pytest_settings.marker_check(item)
+        else:
+            item.stash[_TEST] = _test_state(item, session.settings)
+
+
+def _test_state(item: pytest.Item, settings: Settings) -> _TestState:
+    rules = _pytest_settings.marker_rules(item)
+    check_body, check_fixtures = _pytest_settings.marker_check(item)
+    return _TestState(
+        check_body=check_body or settings.check_sync or _is_async(item),
+        check_fixtures=settings.check_fixtures if check_fixtures is None else check_fixtures,
+        rules=rules,
+    )
+
+
+def _is_async(item: pytest.Item) -> bool:
+    # Read at collection, before pytest-asyncio swaps the test function for
+    # a synchronous wrapper for the duration of the call.
+    function: Any = getattr(item, "obj", None)
+    inner = getattr(getattr(function, "hypothesis", None), "inner_test", None)  # @given on an async test
+    if inner is not None:
+        function = inner
+    return inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _watch(item, "setup"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _watch(item, "call"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _watch(item, "teardown"))
+
+
+def _watch(item: pytest.Item, phase: str) -> Generator[None, object, object]:
+    session = item.config.stash.get(_SESSION, None)
+    if session is None:
+        return (yield)
+    settings = session.settings
+    state = item.stash.get(_TEST, None)
+    if state is None:  # an item made after collection (by some plugin)
+        state = item.stash[_TEST] = _test_state(item, settings)
+    if phase == "setup":
+        state.events = _no_events()  # a test run again (e.g. by a rerun plugin) starts afresh
+        state.log_requested = False
+        # The test's allow rules hold from its first fixture to its last
+        # teardown, everywhere: a server task a fixture started is covered too.
+        for rule in state.rules:
+            aiocop.add_allow_rule(rule)
+    events = state.events[phase]
+    try:
+        with session.recorder.phase(events):
+            result = yield
+    except BaseException:
+        # The test failed (or was skipped) for its own reasons: still say
+        # what blocked, beside the traceback.
+        bad = _failing(state, phase, settings) if state.checked(phase) else []
+        if bad:
+            item.add_report_section(phase, "aiocop", message(bad, phase, settings.fail_on, settings.threshold_ms))
+        raise
+    finally:
+        if phase == "teardown":
+            for rule in state.rules:
+                aiocop.remove_allow_rule(rule)
+    if state.checked(phase):
+        bad = _failing(state, phase, settings)
+        if bad:
+            pytest.fail(message(bad, phase, settings.fail_on, settings.threshold_ms), pytrace=False)
+    return result
+
+
+def _failing(state: _TestState, phase: str, settings: Settings) -> list[SlowTaskEvent]:
+    return failing(
+        state.events[phase], settings.fail_on, settings.threshold_ms is not None, (*settings.allow, *state.rules)
+    )
+
+
+@pytest.fixture
+def aiocop_events(request: pytest.FixtureRequest) -> EventLog:
+    """The events of the running test's body (`aiocop.SlowTaskEvent`s), for assertions.
+
+    A test that requests it is not failed by aiocop for blocking: it judges
+    the events itself. Needs the plugin switched on.
+    """
+    session = request.config.stash.get(_SESSION, None)
+    state = request.node.stash.get(_TEST, None)
+    if session is None or state is None:
+        pytest.fail(
+            "the aiocop_events fixture needs the aiocop plugin switched on: run pytest with --aiocop, "
+            "or set aiocop = true in the ini file",
+            pytrace=False,
+        )
+    state.log_requested = True
+    return EventLog(state.events["call"])

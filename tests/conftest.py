@@ -17,6 +17,7 @@ from aiocop import _hook, _state
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Iterator
 
+pytest_plugins = ("pytester",)
 LOOP_NAMES = ("asyncio", "uvloop", "winloop", "rloop", "veloxloop")
 
 
