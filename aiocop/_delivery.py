@@ -308,14 +308,15 @@ def _attach_to_io(watch: LoopWatch, stall: Stall) -> bool:
     # of the same step still waiting for delivery takes the stall over.
     # Steps of one thread never overlap, so an undelivered io event of that
     # thread whose first call came before the stall ended, and which had not
-    # ended before the stall began, is the same step. (The stall's start is an
-    # estimate and may fall after the step's first call.)
+    # ended before the stall's middle, is the same step. (The stall's edges
+    # are estimates: its start may fall after the step's first call, or a
+    # little before the end of the previous step.)
     for group in list(_hook.unclaimed):
         if (
             group.thread_id == watch.thread_id
             and group.stall is None
             and group.t_first <= stall.end
-            and (not group.t_end or group.t_end >= stall.start)
+            and (not group.t_end or group.t_end >= stall.middle())
         ):
             group.stall = stall
             return True

@@ -207,6 +207,15 @@ class Stall:
         """What the loop was doing (reads source lines: call it off the hot path)."""
         return describe(self.samples, self.waiting_top)
 
+    def middle(self) -> float:
+        """Its midpoint: an io event that lasted past it was the same step.
+
+        Its edges are estimates good to a millisecond or two, while a stall
+        lasts at least the threshold: an io event of the same step ends near
+        the stall's end, one of the step before near the stall's start.
+        """
+        return (self.start + self.end) / 2.0
+
 
 # Lock for handing a stall to an io event or reporting it alone (exactly once).
 merge_lock = threading.Lock()
@@ -419,7 +428,7 @@ class Watchdog:
         watch = stall.watch
         with merge_lock:
             io_start, io_end = watch.last_io
-            if io_start and io_start <= stall.end and io_end >= stall.start:
+            if io_start and io_start <= stall.end and io_end >= stall.middle():
                 return  # its io event was delivered already: one report per stall
             if attach_to_io is not None and attach_to_io(watch, stall):
                 return
