@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 from aiocop import _docs
@@ -28,3 +31,16 @@ def test_changelog_copy_in_docs_is_current() -> None:
     assert (ROOT / "docs" / "changelog.md").read_text(encoding="utf-8") == (ROOT / "CHANGELOG.md").read_text(
         encoding="utf-8"
     )
+
+
+def test_quickstart_example_prints_what_the_page_shows() -> None:
+    result = subprocess.run(
+        [sys.executable, "examples/quickstart.py"], capture_output=True, text=True, cwd=ROOT, timeout=60, check=True
+    )
+    page = (ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8")
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3, lines
+    for printed in lines:
+        # The file's absolute path and the stall's length differ from run to run.
+        shown = re.sub(r"stall of \d+ ms", "stall of 88 ms", printed.replace(str(ROOT), "/srv"))
+        assert shown in page, f"docs/quickstart.md does not show: {shown}"

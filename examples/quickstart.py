@@ -1,0 +1,34 @@
+"""The quick start: switch aiocop on, then let a handler block.
+
+Run it: `python examples/quickstart.py`.
+"""
+
+import asyncio
+import time
+from pathlib import Path
+
+import aiocop
+
+
+def report(event: aiocop.SlowTaskEvent) -> None:
+    for call in event.blocking_events:
+        print(f"{event.severity_level}: {call['event']} at {call['entry_point']}")
+    if event.reason == "cpu_blocking":
+        print(f"stall of {event.elapsed_ms:.0f} ms at {event.call_site}: {event.culprit}")
+
+
+aiocop.start_blocking_io_detection()  # once, at start-up: before any loop exists is fine
+aiocop.detect_slow_tasks(threshold_ms=30, on_slow_task=report)
+
+
+async def handler() -> int:
+    config = Path(__file__).read_text()  # blocking file read
+    time.sleep(0.05)  # blocking sleep: every other task waits too
+    await asyncio.sleep(0)
+    total = sum(i * i for i in range(1_000_000))  # CPU-bound: no call to intercept, the watchdog sees it
+    await asyncio.sleep(0.01)
+    return len(config) + total
+
+
+asyncio.run(handler())
+time.sleep(0.05)  # the watchdog reports a stall just after it ends
