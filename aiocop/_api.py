@@ -241,33 +241,28 @@ class monitored(ContextVarScope[bool]):  # noqa: N801 - reads as an adjective, l
             raise TypeError(f"enabled must be a bool, not {type(enabled).__name__}: {enabled!r}")
         super().__init__(_state.monitored)
         self.enabled = enabled
-        self._tasks: list[tuple[asyncio.Task[object] | None, bool | None]] = []
 
     def _value(self) -> bool:
         return self.enabled
 
-    def __enter__(self) -> monitored:
-        super().__enter__()
+    def _on_enter(self) -> tuple[asyncio.Task[object], bool | None] | None:
         # Remember the setting per task as well: on 3.10 and 3.11 the watchdog
         # cannot read a task's context from its own thread.
         task = _current_task()
-        self._tasks.append((task, None if task is None else _state.task_monitored.get(task)))
-        if task is not None:
-            _state.task_monitored[task] = self.enabled
-        return self
+        if task is None:
+            return None
+        previous = _state.task_monitored.get(task)
+        _state.task_monitored[task] = self.enabled
+        return task, previous
 
-    def __exit__(self, *exc_info: object) -> None:
-        task, previous = self._tasks.pop()
-        if task is not None:
-            if previous is None:
-                _state.task_monitored.pop(task, None)
-            else:
-                _state.task_monitored[task] = previous
-        super().__exit__(*exc_info)
-
-    def _clear_stacks(self) -> None:
-        super()._clear_stacks()
-        self._tasks = []
+    def _on_exit(self, entered: tuple[asyncio.Task[object], bool | None] | None) -> None:
+        if entered is None:
+            return
+        task, previous = entered
+        if previous is None:
+            _state.task_monitored.pop(task, None)
+        else:
+            _state.task_monitored[task] = previous
 
 
 def _current_task() -> asyncio.Task[object] | None:

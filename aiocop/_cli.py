@@ -9,7 +9,7 @@ import json
 import os
 import runpy
 import sys
-import traceback
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -57,6 +57,9 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     commands = parser.add_subparsers(dest="command", metavar="command")
     run = commands.add_parser(
         "run",
+        # An abbreviated option (--thr 5) would be taken for one without a
+        # value by split_program, and its value for the script.
+        allow_abbrev=False,
         help="run a program with detection on and print a summary of blocking call sites at exit",
         usage=f"{PROG} run [options] (script.py | -m module) [args ...]",
         description=(
@@ -170,6 +173,10 @@ def _run(program: Program, settings: argparse.Namespace) -> int:
     if settings.verbose:
         aiocop.register_slow_task_callback(_print_event)
     status = _execute(program)
+    try:
+        _wait_for_threads()
+    except KeyboardInterrupt:
+        status = 130
     aiocop.stop()  # delivers what is still pending
     aiocop.unregister_slow_task_callback(summary)
     aiocop.unregister_slow_task_callback(_print_event)
@@ -201,7 +208,7 @@ def _execute(program: Program) -> int:
         else:
             assert program.script is not None
             sys.argv = [program.script, *program.args]
-            sys.path[0] = os.path.dirname(os.path.abspath(program.script))
+            sys.path[0] = os.path.dirname(os.path.realpath(program.script))  # as Python: symlinks resolved
             runpy.run_path(program.script, run_name="__main__")
     except SystemExit as exit_:
         return _exit_status(exit_.code)
@@ -216,13 +223,23 @@ def _execute(program: Program) -> int:
     return 0
 
 
+def _wait_for_threads() -> None:
+    # The program is not over until its non-daemon threads are, and their
+    # loops are watched to the end: wait for them as the interpreter would
+    # at exit, having first told idle executor workers to quit (which a plain
+    # join of every thread would not). Called again at exit, it returns at once.
+    if threading.current_thread() is threading.main_thread():
+        threading._shutdown()  # type: ignore[attr-defined] # private, but the interpreter's own next step
+
+
 def _print_program_error(error: BaseException) -> None:
     # Start the traceback at the program's own frames, as `python script.py`
-    # would: skip this module's and runpy's.
+    # would: skip this module's and runpy's. Through sys.excepthook, which
+    # the program may have replaced.
     tb = error.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__, "<frozen runpy>"):
         tb = tb.tb_next
-    traceback.print_exception(type(error), error, tb)
+    sys.excepthook(type(error), error.with_traceback(tb), tb)  # the default hook reads __traceback__
 
 
 def _exit_status(code: object) -> int:

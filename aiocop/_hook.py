@@ -247,9 +247,10 @@ def _capture(
     now = perf_counter()
     group = state.group
     # A task steps at most once per loop iteration, so the task identifies the
-    # step; a plain callback is identified by its outermost function (two runs
-    # of the same callback function in one iteration share an event).
-    key: object = task if task is not None else frames[-1].f_code
+    # step; a plain callback by its outermost frame, not its function: two
+    # runs of one function (two requests' callbacks, each in its own context)
+    # are two steps. The group holds that frame until delivery, next iteration.
+    key: object = task if task is not None else frames[-1]
     if group is None or group.key != key or group.loop is not loop or group.t_end:
         if group is not None and not group.t_end:
             group.t_end = now  # a new step began, so the previous one had ended

@@ -62,7 +62,11 @@ class StructlogCallback:
         if occurrence is None:
             return
         name = "aiocop.loop_stall" if event.reason == "cpu_blocking" else "aiocop.blocking_call"
-        getattr(self.logger, self.level)(name, **structured_fields(event, occurrence))
+        fields = structured_fields(event, occurrence)
+        # structlog's own key, the entry's name: a context provider's "event"
+        # would make the call fail (as other keys of aiocop's, it gives way).
+        fields.pop("event", None)
+        getattr(self.logger, self.level)(name, **fields)
 
 
 def log_events(

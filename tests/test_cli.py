@@ -125,6 +125,46 @@ def test_a_crashing_program_shows_its_own_traceback_then_the_summary(tmp_path: P
     assert traceback.index("ZeroDivisionError") < traceback.index("crash.py:3:main")
 
 
+def test_a_programs_own_excepthook_reports_its_crash(tmp_path: Path) -> None:
+    script = tmp_path / "hooked.py"
+    script.write_text(
+        "import sys\n"
+        "sys.excepthook = lambda kind, error, tb: print('hooked', kind.__name__, tb.tb_frame.f_code.co_filename)\n"
+        "raise ValueError('boom')\n"
+    )
+    result = aiocop_run("run", script)
+    assert result.returncode == 1
+    assert result.stdout == f"hooked ValueError {script}\n", "as Python would, with the program's own frames"
+    assert "Traceback" not in result.stderr
+
+
+def test_the_summary_waits_for_the_programs_threads(tmp_path: Path) -> None:
+    script = tmp_path / "threads.py"
+    script.write_text(
+        "import asyncio, concurrent.futures, os, threading, time\n"
+        "async def late():\n"
+        "    await asyncio.sleep(0.2)\n"
+        "    os.stat('.')  # after the main thread is done\n"
+        "threading.Thread(target=asyncio.run, args=(late(),)).start()\n"
+        "IDLE = concurrent.futures.ThreadPoolExecutor(1)  # never shut down, as Python allows\n"
+        "IDLE.submit(time.sleep, 0)\n"
+    )
+    result = aiocop_run("run", script)
+    assert result.returncode == 0, result.stderr
+    assert "threads.py:4:late" in result.stderr, "the thread's loop is watched to its end"
+
+
+def test_a_symlinked_script_imports_its_neighbours(tmp_path: Path) -> None:
+    # As `python link.py`: sys.path[0] is the directory of the script the link points to.
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "helper.py").write_text("NAME = 'helper'\n")
+    (tmp_path / "real" / "tool.py").write_text("import helper\nprint(helper.NAME)\n")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "tool.py").symlink_to(tmp_path / "real" / "tool.py")
+    result = aiocop_run("run", tmp_path / "bin" / "tool.py")
+    assert (result.returncode, result.stdout) == (0, "helper\n"), result.stderr
+
+
 def test_sys_exit_with_a_message(tmp_path: Path) -> None:
     script = tmp_path / "message.py"
     script.write_text("import sys\nsys.exit('bad input')\n")
@@ -169,6 +209,7 @@ def test_verbose_prints_each_event_with_its_source_line(program: Path) -> None:
         (("run", "--fail-on", "severe", "x.py"), "argument --fail-on: invalid choice: 'severe'"),
         (("run", "--threshold-ms", "-3", "x.py"), "argument --threshold-ms: expected a positive float, got '-3'"),
         (("run", "--trace-depth", "many", "x.py"), "argument --trace-depth: expected a positive int, got 'many'"),
+        (("run", "--thr", "5", "x.py"), "unrecognized arguments: --thr"),  # not --threshold-ms, nor 5 the script
         (("bench",), "invalid choice: 'bench'"),
         ((), "usage: python -m aiocop"),
     ],

@@ -179,6 +179,15 @@ def test_structlog_one_entry_per_call_site(detector: Collector, loop_name: str) 
     aiocop.unregister_slow_task_callback(callback)
 
 
+def test_structlog_entry_with_a_context_key_named_event(detector: Collector, loop_name: str) -> None:
+    aiocop.register_context_provider(lambda: {"event": "checkout", "http_path": "/items"})
+    callback = aiocop.structlog.log_events()
+    with capture_logs() as entries:
+        run_on(loop_name, stat_in_a_loop(1))
+    assert [(e["event"], e["http_path"]) for e in entries] == [("aiocop.blocking_call", "/items")]
+    aiocop.unregister_slow_task_callback(callback)
+
+
 def test_structlog_repeats_carry_a_count(detector: Collector, loop_name: str) -> None:
     callback = aiocop.structlog.StructlogCallback(structlog.get_logger("custom"), level="error", repeat_interval_s=0)
     aiocop.register_slow_task_callback(callback)

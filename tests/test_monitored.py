@@ -8,6 +8,7 @@ import os
 import pytest
 
 import aiocop
+from aiocop import _state
 from tests import stalls
 from tests.conftest import Collector, run_on, xfail_on_veloxloop
 from tests.test_watchdog import only_event, timed_stall, watchdog  # noqa: F401 - fixture
@@ -100,9 +101,42 @@ def test_stalls_of_unmonitored_tasks_are_not_reported(
         assert watchdog.events == []
 
 
-def test_task_setting_is_restored_when_the_scope_exits(detector: Collector, loop_name: str) -> None:
-    from aiocop import _state
+SHARED_SCOPES = {
+    "monitored": aiocop.monitored(enabled=False),
+    "allow_blocking": aiocop.allow_blocking("os.stat"),
+    "raise_on_violations": aiocop.raise_on_violations(),
+}
 
+
+@pytest.mark.parametrize("kind", SHARED_SCOPES)
+def test_one_scope_instance_entered_by_concurrent_tasks(detector: Collector, loop_name: str, kind: str) -> None:
+    # A module-level `QUIET = aiocop.monitored(enabled=False)` used as `with
+    # QUIET:` by every request: each task leaves the scope it entered.
+    scope = SHARED_SCOPES[kind]
+
+    async def handler(entered: asyncio.Event, leave: asyncio.Event) -> str:
+        with scope:
+            entered.set()
+            await leave.wait()
+        return "served"
+
+    async def main() -> list[object]:
+        first_in, second_in, first_out, second_out = (asyncio.Event() for _ in range(4))
+        tasks = [asyncio.create_task(handler(first_in, first_out))]
+        await first_in.wait()
+        tasks.append(asyncio.create_task(handler(second_in, second_out)))
+        await second_in.wait()
+        first_out.set()  # the first task leaves while the second is still inside
+        await asyncio.sleep(0)
+        second_out.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        return [*results, aiocop.is_monitored(), aiocop.is_raise_on_violations_enabled()]
+
+    assert run_on(loop_name, main()) == ["served", "served", True, False]
+    assert dict(_state.task_monitored) == {}
+
+
+def test_task_setting_is_restored_when_the_scope_exits(detector: Collector, loop_name: str) -> None:
     async def main() -> list[object]:
         task = asyncio.current_task()
         assert task is not None
