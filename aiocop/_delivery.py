@@ -8,9 +8,7 @@ a worker thread delivers instead.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
-import contextvars
 import os
 import threading
 import time
@@ -323,31 +321,12 @@ def _attach_to_io(watch: LoopWatch, stall: Stall) -> bool:
     return False
 
 
-def _task_of(stall: Stall) -> Any:
-    loop = stall.watch.loop
-    root = stall.root
-    if loop is None or root is None:
-        return None
-    try:
-        for task in asyncio.all_tasks(loop):
-            if getattr(task.get_coro(), "cr_frame", None) is root:
-                return task
-    except RuntimeError:  # the task set changed under us: no name then
-        return None
-    return None
-
-
 def _report_stall(stall: Stall) -> None:
-    task = _task_of(stall)
-    stall.root = None  # found the task: keep no frame (and its locals) alive in the event
-    get_context = getattr(task, "get_context", None)  # Task.get_context() is 3.12+
-    context = get_context().copy() if get_context is not None else contextvars.Context()
-    if task is not None:
-        # The task's own monitored() scope if it entered one (known on every
-        # version and loop), else the one it inherited (3.12+ only).
-        monitored = _state.task_monitored.get(task)
-        if not (context.get(_state.monitored, True) if monitored is None else monitored):
-            return
+    seen = stall.task or _watchdog.StalledTask.of(stall.watch.loop, stall.root)
+    stall.root = None  # the task is known: keep no frame (and its locals) alive in the event
+    if not seen.monitored:
+        return  # the stalled task runs under monitored(False)
+    task, context = seen.task, seen.context
 
     def deliver() -> None:
         state = _hook.thread_state

@@ -23,14 +23,15 @@ work of a step; its own cost is a few microseconds per poll.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import gc
 import logging
 import os
 import sys
 import threading
 from _thread import LockType, allocate_lock
-from asyncio import AbstractEventLoop
 from collections import Counter, deque
 from dataclasses import dataclass
 from time import perf_counter
@@ -101,6 +102,7 @@ class Step:
         "t_first",
         "t_last",
         "t_prev",
+        "task",
         "waiting",
     )
 
@@ -122,6 +124,7 @@ class Step:
         self.next_sample = 0.0
         self.stalled = False
         self.merged = False  # its io event took it over
+        self.task: StalledTask | None = None  # whose step it is, seen when it stalled
 
     def cpu_rate(self) -> float:
         """The share of a CPU the loop thread got while this step ran (0 when waiting).
@@ -202,6 +205,7 @@ class Stall:
     waiting: bool  # the loop thread used (almost) no CPU: it was waiting, not working
     root: FrameType | None
     waiting_top: bool = False  # the most frequent stack was sampled while waiting
+    task: StalledTask | None = None  # whose step it was, as seen while it stalled
 
     def culprit(self) -> str:
         """What the loop was doing (reads source lines: call it off the hot path)."""
@@ -281,6 +285,12 @@ class Watchdog:
             self.polls += 1  # only this thread writes both, in this order (see sync)
             self._polling = False
             _acquire(self._waker, True, self._next_interval(busy, active))
+        # stop() right after a loop's last step: finish that step, whose stall
+        # stop() then delivers (drain), rather than leave it in the queue.
+        try:
+            self._finish_retired()
+        except Exception:
+            logger.exception("aiocop: watchdog could not finish a stopped loop's step (ignored)")
 
     def sync(self, timeout: float = 1.0) -> bool:
         """Wait until the watchdog has looked at every loop once since this call.
@@ -403,6 +413,11 @@ class Watchdog:
         if age >= sampling.arm_after_s() and now >= step.next_sample:
             _sample(step, innermost, watch, now)
         if proven and age >= _state.config.threshold_ms / 1000.0:
+            if not step.stalled:
+                # Seen now, while the step runs: a stall in a task's last step
+                # is reported after the task finished, by when its scopes
+                # (sampling, request keys) have been left.
+                step.task = StalledTask.of(watch.loop, root)
             step.stalled = True
         return True
 
@@ -558,7 +573,41 @@ def _sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float) -> N
 def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
     samples = step.samples.most_common()
     top_waiting = bool(samples) and step.waiting[samples[0][0]] * 2 >= samples[0][1]
-    return Stall(watch, start, end, samples, not step.cpu_bound(), step.root, top_waiting)
+    return Stall(watch, start, end, samples, not step.cpu_bound(), step.root, top_waiting, step.task)
+
+
+@dataclass(frozen=True)
+class StalledTask:
+    """The task whose step stalled, its context and whether it is watched, at one moment."""
+
+    task: Any  # None for a plain callback
+    context: contextvars.Context  # a copy of the task's context (empty before 3.12)
+    monitored: bool
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop | None, root: FrameType | None) -> StalledTask:
+        """The task of `loop` whose coroutine runs in `root`, as it is now."""
+        task = _find_task(loop, root)
+        get_context = getattr(task, "get_context", None)  # Task.get_context() is 3.12+
+        context = get_context().copy() if get_context is not None else contextvars.Context()
+        if task is None:
+            return cls(None, context, True)  # a plain callback: always watched
+        # The task's own monitored() scope if it entered one (known on every
+        # version and loop), else the one it inherited (3.12+ only).
+        own = _state.task_monitored.get(task)
+        return cls(task, context, context.get(_state.monitored, True) if own is None else own)
+
+
+def _find_task(loop: asyncio.AbstractEventLoop | None, root: FrameType | None) -> Any:
+    if loop is None or root is None:
+        return None
+    try:
+        for task in asyncio.all_tasks(loop):
+            if getattr(task.get_coro(), "cr_frame", None) is root:
+                return task
+    except RuntimeError:  # the task set changed under us (read from another thread)
+        return None
+    return None
 
 
 def describe(samples: list[tuple[tuple[tuple[CodeType, int], ...], int]], waiting: bool) -> str:
@@ -596,7 +645,7 @@ def _discover(frames: dict[int, FrameType], watches: dict[int, LoopWatch]) -> No
 
 
 def _register_foreign(loop: Any, thread_id: int) -> None:
-    if isinstance(loop, AbstractEventLoop):
+    if isinstance(loop, asyncio.AbstractEventLoop):
         _loops.register(loop, None, thread_id)
 
 

@@ -512,11 +512,6 @@ def test_stalls_follow_the_request_sampling(
         assert watchdog.events == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the watchdog looks for the stalled task once the stall is over; a task whose last step stalled "
-    "is gone by then, so its stall is reported as a callback's, whatever its sampling (fix belongs in _watchdog)",
-)
 def test_stall_in_the_last_step_of_a_request_follows_its_sampling(
     watchdog: Collector,  # noqa: F811 - the fixture
     loop_name: str,
