@@ -38,6 +38,11 @@ def unregister_slow_task_callback(callback: SlowTaskCallback) -> None:
     _callbacks = tuple(c for c in _callbacks if c != callback)
 
 
+def registered() -> tuple[SlowTaskCallback, ...]:
+    """The registered slow-task callbacks, in registration order."""
+    return _callbacks
+
+
 def clear_slow_task_callbacks() -> None:
     """Unregister every slow-task callback."""
     global _callbacks

@@ -143,6 +143,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _usage_error(run_parser, f"can't open file {program.script!r}: no such file")
     if program.module is not None and not _module_exists(program.module):
         _usage_error(run_parser, f"no module named {program.module!r}")
+    if settings.json:
+        # Found out now rather than after a long run whose report is then lost.
+        folder = os.path.dirname(os.path.abspath(settings.json))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            _usage_error(run_parser, f"--json: cannot write a file in {folder!r}")
     if settings.uvloop:
         _use_uvloop(run_parser)
     return _run(program, settings)
@@ -172,7 +177,10 @@ def _run(program: Program, settings: argparse.Namespace) -> int:
     )
     if settings.verbose:
         aiocop.register_slow_task_callback(_print_event)
+    pid = os.getpid()
     status = _execute(program)
+    if os.getpid() != pid:
+        return status  # a forked child that returned: the summary is the parent's to print
     try:
         _wait_for_threads()
     except KeyboardInterrupt:

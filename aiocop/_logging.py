@@ -21,6 +21,7 @@ from aiocop._report import STALL, call_site, describe, to_record
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from aiocop._callbacks import SlowTaskCallback
     from aiocop._events import SlowTaskEvent
 
 
@@ -57,10 +58,14 @@ class CallSiteLimiter:
     def __init__(
         self, interval_s: float = 60.0, max_sites: int = 10_000, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= 0:
-            raise ValueError(f"repeat_interval_s must be a number of seconds >= 0, not {interval_s!r}")
-        if isinstance(max_sites, bool) or not isinstance(max_sites, int) or max_sites < 1:
-            raise ValueError(f"max_sites must be an int >= 1, not {max_sites!r}")
+        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)):
+            raise TypeError(f"repeat_interval_s must be a number of seconds, not {type(interval_s).__name__}")
+        if not interval_s >= 0:  # also rejects NaN
+            raise ValueError(f"repeat_interval_s must be >= 0, not {interval_s!r}")
+        if isinstance(max_sites, bool) or not isinstance(max_sites, int):
+            raise TypeError(f"max_sites must be an int, not {type(max_sites).__name__}")
+        if max_sites < 1:
+            raise ValueError(f"max_sites must be >= 1, not {max_sites!r}")
         self.interval_s = float(interval_s)
         self.max_sites = max_sites
         self._clock = clock
@@ -128,8 +133,10 @@ class LoggingCallback:
         self.limiter = CallSiteLimiter(repeat_interval_s)
 
     def __call__(self, event: SlowTaskEvent) -> None:
+        if not self.logger.isEnabledFor(self.level):
+            return  # before the limiter: a site first seen while disabled is logged in full later
         occurrence = self.limiter.check(event)
-        if occurrence is None or not self.logger.isEnabledFor(self.level):
+        if occurrence is None:
             return
         data = to_record(event)
         if occurrence.first:
@@ -178,14 +185,28 @@ def log_events(
             once per this many seconds, with the count of events in between
             (0 logs every event).
 
+    Calling it again replaces the callback it registered before.
+
     Returns:
         The registered callback (pass it to `unregister_slow_task_callback`).
 
     Added in 2.0.
     """
     callback = LoggingCallback(logger, level=level, repeat_interval_s=repeat_interval_s)
-    _callbacks.register_slow_task_callback(callback)
+    replace_callback(LoggingCallback, callback)
     return callback
+
+
+def replace_callback(kind: type, callback: SlowTaskCallback) -> None:
+    """Register `callback` in place of any registered callback of type `kind`.
+
+    Calling a `log_events()` again reconfigures logging rather than logging
+    every event twice.
+    """
+    for registered in _callbacks.registered():
+        if type(registered) is kind:
+            _callbacks.unregister_slow_task_callback(registered)
+    _callbacks.register_slow_task_callback(callback)
 
 
 def structured_fields(event: SlowTaskEvent, occurrence: Occurrence) -> dict[str, Any]:

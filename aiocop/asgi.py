@@ -314,7 +314,7 @@ def _warn_if_not_set_up() -> None:
             "start-up, so that each server worker process starts it.",
             os.getpid(),
         )
-    elif not _callbacks._callbacks:
+    elif not _callbacks.registered():
         logger.warning(
             "aiocop: AiocopMiddleware got its first request, but no slow-task callback is registered "
             "in this process (pid %d), so events go nowhere. Register one with "

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from aiocop import _callbacks
-from aiocop._logging import CallSiteLimiter, structured_fields
+from aiocop._logging import CallSiteLimiter, replace_callback, structured_fields
 
 if TYPE_CHECKING:
     from aiocop._events import SlowTaskEvent
@@ -84,9 +83,11 @@ def log_events(
             once per this many seconds, with the count in between (0 logs
             every event).
 
+    Calling it again replaces the callback it registered before.
+
     Returns:
         The registered callback (pass it to `aiocop.unregister_slow_task_callback`).
     """
     callback = StructlogCallback(logger, level=level, repeat_interval_s=repeat_interval_s)
-    _callbacks.register_slow_task_callback(callback)
+    replace_callback(StructlogCallback, callback)
     return callback

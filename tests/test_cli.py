@@ -265,3 +265,26 @@ def test_the_demo_catches_every_planted_call() -> None:
         ("stats", "stall"),
     }, "every handler but /fine (which uses asyncio.to_thread) is caught, at its own line"
     assert all(r["call_site"].startswith("examples/demo_app.py:") for r in rows)
+
+
+def test_an_unwritable_json_path_is_a_usage_error_before_the_program_runs(program: Path, tmp_path: Path) -> None:
+    result = aiocop_run("run", "--json", tmp_path / "missing-dir" / "r.json", program)
+    assert result.returncode == 2
+    assert "--json: cannot write a file in" in result.stderr
+    assert "program ran" not in result.stdout
+
+
+def test_a_forked_child_that_returns_prints_no_second_summary(tmp_path: Path) -> None:
+    script = tmp_path / "forks.py"
+    script.write_text(
+        "import asyncio, os, time\n"
+        "async def main():\n"
+        "    time.sleep(0.01)\n"
+        "asyncio.run(main())\n"
+        "pid = os.fork()\n"
+        "if pid:\n"
+        "    os.waitpid(pid, 0)\n"
+    )
+    result = aiocop_run("run", script)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("call site(s), most loop time lost first") == 1, result.stderr

@@ -83,15 +83,16 @@ def test_limiter_with_zero_interval_passes_everything() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("kwargs", "error", "message"),
     [
-        ({"interval_s": -1}, "repeat_interval_s must be"),
-        ({"interval_s": "1"}, "repeat_interval_s must be"),
-        ({"max_sites": 0}, "max_sites must be"),
+        ({"interval_s": -1}, ValueError, "repeat_interval_s must be >= 0"),
+        ({"interval_s": "1"}, TypeError, "repeat_interval_s must be a number of seconds, not str"),
+        ({"max_sites": 0}, ValueError, "max_sites must be >= 1"),
+        ({"max_sites": 2.0}, TypeError, "max_sites must be an int"),
     ],
 )
-def test_limiter_rejects_bad_settings(kwargs: dict[str, object], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+def test_limiter_rejects_bad_settings(kwargs: dict[str, object], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
         CallSiteLimiter(**kwargs)  # type: ignore[arg-type]
 
 
@@ -253,3 +254,26 @@ def test_structlog_example_runs_as_documented() -> None:
         ("aiocop.blocking_call", "os.stat", "/items", "warning")
     ], "three requests, one call site: one entry"
     assert entries[0]["call_site"].startswith("examples/log_with_structlog.py:")
+
+
+def test_log_events_again_replaces_the_previous_callback(detector: Collector, loop_name: str) -> None:
+    first = aiocop.log_events("aiocop.first", repeat_interval_s=0)
+    second = aiocop.log_events("aiocop.second", repeat_interval_s=0)
+    structlog_first = aiocop.structlog.log_events()
+    structlog_second = aiocop.structlog.log_events()
+    registered = aiocop._callbacks.registered()
+    assert first not in registered
+    assert structlog_first not in registered
+    assert [c for c in registered if c in (second, structlog_second)] == [second, structlog_second]
+
+
+def test_a_site_first_seen_while_the_logger_is_disabled_is_logged_in_full_later(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    callback = aiocop.LoggingCallback("aiocop.toggle", level="warning")
+    with caplog.at_level(logging.ERROR, logger="aiocop.toggle"):
+        callback(make_event())  # WARNING disabled: nothing logged, and the site not used up
+    with caplog.at_level(logging.WARNING, logger="aiocop.toggle"):
+        callback(make_event())
+    (record,) = [r for r in caplog.records if r.name == "aiocop.toggle"]
+    assert "trace:" in record.getMessage(), "the first entry logged is the full one"
