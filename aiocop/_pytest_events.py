@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from _thread import allocate_lock
 from collections.abc import Iterator, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, cast, overload
 
-from aiocop import _delivery, _hook, _watchdog
+from aiocop import _delivery, _hook, _loops, _watchdog
 from aiocop._report import STALL, call_site, describe, source_line
 from aiocop._severity import level_threshold
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from aiocop._events import BlockingEventInfo, SlowTaskEvent
 
 MAX_SHOWN = 10  # events itemised in one failure message
+_THROUGH_LOOPS_S = 1.0  # the longest settle() waits for loops in other threads
 
 
 class Recorder:
@@ -61,21 +63,59 @@ def settle() -> None:
     """Deliver every event of what has run so far.
 
     From outside a running loop: wait for the watchdog to look at every loop
-    once (a stall that ended is then reported), then for the delivery worker.
+    once (a stall that ended is then reported), for the loops still running
+    in other threads to run what it handed them, then for the delivery worker.
     From inside a loop (a test reading `aiocop_events`), waiting is out of
     the question: deliver this thread's pending steps, including the one
     running now, whose later calls start a new event.
     """
     if asyncio._get_running_loop() is None:
         _watchdog.watchdog.sync()
+        _through_running_loops()
         _delivery.drain()
         return
     ident = threading.get_ident()
+    task = asyncio.current_task()
     for group in list(_hook.unclaimed):
-        if group.thread_id == ident and _hook.claim(group):
+        if group.thread_id != ident:
+            continue
+        # Under merge_lock, as the loop's own delivery (_delivery._flush): the
+        # watchdog's view of the running step joins its event, or sees it
+        # taken, and the step is reported once, not also as a stall.
+        with _watchdog.merge_lock:
+            if not _hook.claim(group):
+                continue
             if not group.t_end:
                 group.t_end = perf_counter()
-            group.context.copy().run(_delivery.deliver_now, group)
+            if task is not None and group.key is task:
+                _delivery._take_stall(group)
+        group.context.copy().run(_delivery.deliver_now, group)
+
+
+def _through_running_loops() -> None:
+    # The watchdog hands a stall on a loop that still runs (a server in
+    # another thread) to that loop: wait until each has run what was queued
+    # on it so far. A loop stuck in a stall now would keep the phase waiting
+    # for nothing: it is passed over.
+    ident = threading.get_ident()
+    passed = []
+    for watch in list(_loops.watches.values()):
+        loop = watch.loop
+        step = watch.step
+        if watch.thread_id == ident or loop is None or not loop.is_running() or (step is not None and step.stalled):
+            continue
+        done = allocate_lock()
+        done.acquire()
+        try:
+            loop.call_soon_threadsafe(done.release)
+        except RuntimeError:  # closed meanwhile
+            continue
+        passed.append((loop, done))
+    deadline = perf_counter() + _THROUGH_LOOPS_S
+    for loop, done in passed:
+        # In short waits (the C method: no wrapper): a loop that stops first never runs it.
+        while not _watchdog._acquire(done, True, 0.001) and loop.is_running() and perf_counter() < deadline:
+            pass
 
 
 class EventLog(Sequence["SlowTaskEvent"]):

@@ -149,7 +149,7 @@ def read(config: pytest.Config) -> Settings:
             f"got {fail_on!r}"
         )
     threshold = _number(config, "aiocop_threshold_ms", "--aiocop-threshold-ms", float, "a number of milliseconds")
-    if threshold < 0:
+    if not threshold >= 0:  # also rejects NaN
         raise pytest.UsageError(
             f"{_source(config, 'aiocop_threshold_ms', '--aiocop-threshold-ms')}: expected a number of "
             f"milliseconds >= 0 (0: off), got {threshold!r}"
@@ -186,7 +186,12 @@ def read(config: pytest.Config) -> Settings:
 
 def _pick(config: pytest.Config, dest: str, ini: str) -> Any:
     value = config.getoption(dest)
-    return config.getini(ini) if value is None else value
+    if value is not None:
+        return value
+    try:
+        return config.getini(ini)
+    except (ValueError, pytest.UsageError) as exc:  # a typed key pytest could not convert: say which
+        raise pytest.UsageError(f"{ini} (ini): {exc}") from None
 
 
 def _source(config: pytest.Config, dest: str, flag: str) -> str:

@@ -543,6 +543,13 @@ async def test_stall_not_allowed_by_event_names():
 async def test_clean():
     spin(0.002)  # a short CPU-bound step is no stall
     await asyncio.sleep(0.01)
+
+
+async def test_events_read_in_a_stalled_step(aiocop_events):
+    time.sleep(0.15)
+    assert aiocop_events.names() == ["time.sleep"]  # delivered by the read: the step so far is one event
+    await asyncio.sleep(0.02)  # the watchdog sees the step end: still one event for it
+    assert aiocop_events.names() == ["time.sleep"]
 """
 
 
@@ -558,6 +565,7 @@ def test_threshold_fails_stalls(pytester: pytest.Pytester) -> None:
             "test_stall_allowed_by_call_site": ["PASSED"],
             "test_stall_not_allowed_by_event_names": ["FAILED"],
             "test_clean": ["PASSED"],
+            "test_events_read_in_a_stalled_step": ["PASSED"],
         },
     )
     last = section(result, "test_stall_in_last_step")
@@ -569,6 +577,61 @@ def test_threshold_fails_stalls(pytester: pytest.Pytester) -> None:
     assert f"test_threshold.py:{spin_line}:spin <- test_threshold.py:{caller}:test_stall_in_last_step" in last
     assert "loop stalled for" in section(result, "test_stall_then_await")
     result.stdout.fnmatch_lines(["aiocop: fail_on=low, threshold_ms=50, *"])
+
+
+THREAD_LOOP = """\
+import asyncio
+import contextlib
+import queue
+import threading
+import time
+
+import pytest
+
+
+def spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def busy(seconds):
+    # A wait aiocop sees no call in (SimpleQueue is written in C), under the threshold.
+    with contextlib.suppress(queue.Empty):
+        queue.SimpleQueue().get(timeout=seconds)
+
+
+@pytest.fixture(scope="module")
+def server_loop():
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="server")
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+    loop.close()
+
+
+async def handle():
+    # Once the reply has gone, the server's loop stays busy a while: the
+    # watchdog's report of the stall waits behind that step.
+    asyncio.current_task().add_done_callback(lambda _: busy(0.05))
+    spin(0.3)
+
+
+@pytest.mark.parametrize("request_number", range(3))
+async def test_request_stalls_the_server(server_loop, request_number):
+    await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(handle(), server_loop))
+"""
+
+
+def test_stall_of_a_loop_in_another_thread(pytester: pytest.Pytester) -> None:
+    # The stall of a server's loop, running in a thread a fixture started, is
+    # delivered on that loop: the test's phase waits for it.
+    pytester.makepyfile(test_thread_loop=THREAD_LOOP)
+    result = run(pytester, "--aiocop", "--aiocop-threshold-ms=100", ini="asyncio_mode = auto\n")
+    expect(result, {f"test_request_stalls_the_server[{n}]": ["FAILED"] for n in range(3)})
+    assert "loop stalled for" in section(result, "test_request_stalls_the_server[0]")
 
 
 UVLOOP = """\
@@ -746,6 +809,34 @@ def test_plugin_off_changes_nothing(pytester: pytest.Pytester, args: tuple[str, 
             "",
             "--aiocop-threshold-ms: expected a number of milliseconds >= 0 (0: off), got -5.0",
             id="threshold-negative",
+        ),
+        pytest.param(
+            ("--aiocop", "--aiocop-threshold-ms=nan"),
+            "",
+            "",
+            "--aiocop-threshold-ms: expected a number of milliseconds >= 0 (0: off), got nan",
+            id="threshold-nan",
+        ),
+        pytest.param(
+            ("--aiocop",),
+            "aiocop_threshold_ms = abc\n",
+            "",
+            "aiocop_threshold_ms (ini): *'abc'",
+            id="ini-threshold-not-a-number",
+        ),
+        pytest.param(
+            ("--aiocop",),
+            "aiocop_trace_depth = 2.5\n",
+            "",
+            "aiocop_trace_depth (ini): *'2.5'",
+            id="ini-trace-depth-not-a-whole-number",
+        ),
+        pytest.param(
+            (),
+            "aiocop_check_sync = maybe\n",
+            "",
+            "aiocop_check_sync (ini): *'maybe'",
+            id="ini-not-a-bool",
         ),
         pytest.param(
             ("--aiocop", "--aiocop-trace-depth=0"),

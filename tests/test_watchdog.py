@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import aiocop
-from aiocop import _watchdog
+from aiocop import _delivery, _watchdog
 from tests import stalls
 from tests.conftest import Collector, loop_factory, quiet_rloop, run_in_thread, run_on
 
@@ -276,6 +276,94 @@ def test_loops_starting_and_stopping_repeatedly(watchdog: Collector, loop_name: 
         run_on(loop_name, quick())
     run_on(loop_name, timed_stall(stalls.spin))
     assert only_event(watchdog).reason == "cpu_blocking"
+
+
+def test_stall_in_a_loops_last_step(watchdog: Collector, loop_name: str) -> None:
+    # The loop stops right after the stall, before the watchdog can see the
+    # step end: the stop itself ends it. (Delivered off the loop: a report
+    # handed to a loop as it stops can miss its last iteration, another matter.)
+    aiocop.start_blocking_io_detection(delivery="thread")
+
+    async def main() -> float:
+        await asyncio.sleep(0.02)
+        t0 = time.perf_counter()
+        stalls.spin(STALL_S)
+        return (time.perf_counter() - t0) * 1000.0
+
+    true_ms = run_on(loop_name, main())
+    event = only_event(watchdog)
+    assert event.reason == "cpu_blocking"
+    assert close_enough(event.elapsed_ms, true_ms), (event.elapsed_ms, true_ms)
+    assert event.call_site.endswith(stall_line(stalls.spin))
+
+
+def test_stop_right_after_a_stall_in_a_loops_last_step(
+    watchdog: Collector, loop_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Polls far apart: the watchdog has not looked since the loop stopped.
+    monkeypatch.setattr(_watchdog.sampling, "busy_poll_ms", 40.0)
+    monkeypatch.setattr(_watchdog, "_FAST_IDLE_S", 0.04)
+    aiocop.start_blocking_io_detection(delivery="thread")
+
+    async def main() -> None:
+        await asyncio.sleep(0.02)
+        stalls.spin(0.15)
+
+    with quiet_rloop(loop_name):
+        loop = loop_factory(loop_name)()
+        try:
+            loop.run_until_complete(main())
+            aiocop.stop()  # "delivers any pending events": the stall too
+        finally:
+            loop.close()
+    assert [e.reason for e in watchdog.events] == ["cpu_blocking"]
+
+
+def test_stall_in_a_new_loops_first_step(watchdog: Collector, loop_name: str) -> None:
+    # Timed from the loop's start, not from a guess of when it was last idle.
+    async def main() -> float:
+        t0 = time.perf_counter()
+        stalls.spin(STALL_S)
+        true_ms = (time.perf_counter() - t0) * 1000.0
+        await asyncio.sleep(0.02)
+        return true_ms
+
+    true_ms = run_on(loop_name, main())
+    event = only_event(watchdog)
+    assert close_enough(event.elapsed_ms, true_ms), (event.elapsed_ms, true_ms)
+
+
+def test_sync_reports_a_stall_that_just_ended(
+    watchdog: Collector, loop_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Polls far apart: without sync() the watchdog would see the end of the
+    # stall only at its next look, after the assertion.
+    monkeypatch.setattr(_watchdog.sampling, "busy_poll_ms", 40.0)
+    monkeypatch.setattr(_watchdog, "_FAST_IDLE_S", 0.04)
+    aiocop.start_blocking_io_detection(delivery="thread")  # delivered by the worker: drain() waits for it
+    ended = threading.Event()
+    release = threading.Event()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(0.02)
+        stalls.spin(0.1)
+        loop.call_soon(ended.set)  # runs once the step has ended
+        await loop.run_in_executor(None, release.wait)  # the loop keeps running, idle
+
+    thread = threading.Thread(target=run_on, args=(loop_name, main()))
+    with quiet_rloop(loop_name):
+        thread.start()
+        try:
+            assert ended.wait(10)
+            assert _watchdog.watchdog.sync()
+            _delivery.drain()
+            assert [e.reason for e in watchdog.events] == ["cpu_blocking"]
+        finally:
+            release.set()
+            thread.join(10)
+    aiocop.stop()
+    assert not _watchdog.watchdog.sync()  # not running: no look to wait for
 
 
 def test_start_cpu_sampling_options_and_validation(watchdog: Collector, loop_name: str) -> None:
