@@ -9,6 +9,7 @@ a worker thread delivers instead.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
 import time
@@ -24,6 +25,8 @@ from aiocop._frames import format_frame, is_internal_file
 from aiocop._severity import get_severity_level_from_score
 
 if TYPE_CHECKING:
+    import contextvars
+    from asyncio import AbstractEventLoop
     from collections.abc import Callable
     from types import CodeType
 
@@ -340,12 +343,38 @@ def _report_stall(stall: Stall) -> None:
 
     loop = stall.watch.loop
     if _state.config.delivery == "loop" and loop is not None and loop.is_running():
-        try:
-            loop.call_soon_threadsafe(deliver, context=context)
-            return
-        except RuntimeError:  # closed meanwhile: deliver off the loop
-            pass
-    _worker.submit_call(lambda: context.run(deliver))
+        _hand_to_loop(loop, deliver, context)
+    else:
+        _worker.submit_call(lambda: context.run(deliver))
+
+
+# Stall reports handed to a loop and not run there yet. The watchdog reports a
+# stall just after it ends, which can be after the loop's last iteration: a
+# report queued then would wait for the loop's next run, or for ever. Whoever
+# pops a report's entry delivers it: the loop, or the worker once that loop
+# has stopped (at its stop, or in drain()).
+_on_loops: dict[object, tuple[AbstractEventLoop, Callable[[], None]]] = {}
+
+
+def _hand_to_loop(loop: AbstractEventLoop, deliver: Callable[[], None], context: contextvars.Context) -> None:
+    token = object()
+
+    def run_on_loop() -> None:
+        if _on_loops.pop(token, None) is not None:
+            deliver()
+
+    _on_loops[token] = (loop, lambda: context.run(deliver))
+    with contextlib.suppress(RuntimeError):  # closed meanwhile: delivered just below
+        loop.call_soon_threadsafe(run_on_loop, context=context)
+    if not loop.is_running():  # it stopped while we queued: its stop may have looked before we did
+        deliver_stranded()
+
+
+def deliver_stranded(stopping: AbstractEventLoop | None = None) -> None:
+    """Hand the stall reports queued on loops that are not running (or on `stopping`) to the worker."""
+    for token, (loop, run) in list(_on_loops.items()):
+        if (loop is stopping or not loop.is_running()) and _on_loops.pop(token, None) is not None:
+            _worker.submit_call(run)
 
 
 def make_violation(group: StepGroup) -> HighSeverityBlockingIoException:
@@ -429,6 +458,7 @@ def _orphans(groups: list[StepGroup]) -> None:
 
 
 def drain() -> None:
+    deliver_stranded()
     _worker.drain()
 
 
@@ -437,6 +467,7 @@ _watchdog.report_stall = _report_stall
 _watchdog.attach_to_io = _attach_to_io
 _hook.orphan_handler = _orphans
 _hook.make_violation = make_violation
+_loops.on_stop = deliver_stranded
 atexit.register(drain)
 
 
@@ -444,6 +475,7 @@ def _after_fork_in_child() -> None:
     # The parent's pending steps are the parent's to deliver: a child that
     # delivered them too would report every one of them twice.
     _hook.unclaimed.clear()
+    _on_loops.clear()
     _hook.thread_state.pending = None
     _hook.thread_state.group = None
     _worker.reinit_after_fork()

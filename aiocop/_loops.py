@@ -101,6 +101,8 @@ watches: dict[int, LoopWatch] = {}
 _watch_lock = threading.Lock()
 # Called with the new watch when a loop starts (the watchdog wakes up).
 on_change: Callable[[], None] | None = None
+# Called by a loop's thread as the loop stops, with the loop (set by _delivery).
+on_stop: Callable[[AbstractEventLoop], None] | None = None
 # Loops that stopped since the watchdog last looked, with when they stopped and
 # their thread's CPU time then. The watchdog finishes the step each one was
 # in: without this a stall in a loop's very last step (a test body that never
@@ -148,6 +150,8 @@ def unregister(thread_id: int, *, stopping: bool = False) -> None:
         watches = {k: v for k, v in watches.items() if k != thread_id}
     if stopping:
         retired.append((watch, time.perf_counter(), watch.cpu_time()))
+        if on_stop is not None and watch.loop is not None:
+            on_stop(watch.loop)
 
 
 def ensure_registered(loop: AbstractEventLoop) -> None:
