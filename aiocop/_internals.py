@@ -121,6 +121,14 @@ HARMLESS: tuple[HarmlessRule, ...] = (
         reason="the brief synchronisation between a loop and its executor's worker threads",
     ),
     HarmlessRule(
+        event=("threading.Lock.acquire",),
+        caller_modules=("threading",),
+        caller_functions=("_wait_for_tstate_lock", "join"),
+        inside_modules=("asyncio",),
+        reason="asyncio joining a thread it started: the default executor's at shutdown "
+        "(`asyncio.run()`, `shutdown_default_executor()`), once its work is done",
+    ),
+    HarmlessRule(
         event=("threading.Event.wait", "threading.Lock.acquire"),
         caller_modules=("threading",),
         caller_functions=("start",),

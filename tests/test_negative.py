@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 
@@ -118,3 +119,24 @@ def test_zero_timeouts_and_free_locks_are_not_blocking(detector: Collector, loop
 
     run_on(loop_name, main())
     assert detector.names() == []
+
+
+def test_asyncio_joining_its_default_executor_at_shutdown(detector: Collector) -> None:
+    # asyncio.run() ends with shutdown_default_executor(): once the executor
+    # is shut down, asyncio joins the thread that did it, which may not have
+    # quite finished. Make sure it has not, as on a loaded machine.
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, int)
+        shut_down = loop._do_shutdown  # type: ignore[attr-defined]
+
+        def slow_to_finish(future: asyncio.Future[None]) -> None:
+            shut_down(future)
+            time.sleep(0.05)  # the future is resolved; the thread is still alive
+
+        loop._do_shutdown = slow_to_finish  # type: ignore[attr-defined]
+        await loop.shutdown_default_executor()
+        os.stat(".")  # and a real blocking call, still reported
+
+    run_on("asyncio", main())
+    assert detector.names() == ["os.stat"]
