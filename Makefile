@@ -41,7 +41,7 @@ docs: $(DOCS_STAMP)
 	$(BIN)/mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/stat_overhead.py
+	$(BIN)/python benchmarks/run_benchmark.py
 
 clean:
 	rm -rf .venv-* .pytest_cache .mypy_cache .ruff_cache site

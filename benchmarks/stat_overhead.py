@@ -2,7 +2,8 @@
 
 Each measurement runs in its own process; the baseline process never imports
 aiocop. Runs alternate (A B A B ...) and the script prints medians and spread
-of the per-task time. The full benchmark suite is `run_benchmark.py` (to come).
+of the per-task time. The full suite, with these scenarios and more, is
+`run_benchmark.py`; this script stays as a quick look at two of them.
 
     python benchmarks/stat_overhead.py [--rounds 7] [--tasks 20000] [--loop uvloop] [--watchdog]
 """

@@ -1,0 +1,123 @@
+"""The benchmark suite runs end to end (`run_benchmark.py --quick`) and its correctness checks pass.
+
+No timing is asserted here: `--quick` runs at toy sizes on whatever machine
+CI has. What is checked is that every section produced results, that every
+blocking call of the per-task scenarios was detected and delivered, that the
+baselines never imported aiocop, and that the servers under load ran with
+detection live.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "run_benchmark.py"
+SECTIONS = ("pertask", "asgi", "echo", "loadgen_crosscheck", "scaling")
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, str]:
+    out = tmp_path_factory.mktemp("bench")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads((out / "results.json").read_text(encoding="utf-8")), out, done.stdout
+
+
+@pytest.mark.timeout(180)  # one run of the whole quick suite: about 35 s, more on a busy machine
+def test_every_section_ran(quick: tuple[dict[str, Any], Path, str]) -> None:
+    results, out, stdout = quick
+    for section in SECTIONS:
+        assert section in results
+    for section in ("pertask", "asgi", "echo", "scaling"):
+        assert "skipped" not in results[section], results[section]
+    assert results["checks"] == {"all_ok": True, "problems": []}
+    assert (out / "results.md").read_text(encoding="utf-8").strip() == stdout.strip()
+    assert results["machine"]["cpu_model"]
+    assert results["machine"]["python"]
+
+
+def test_every_blocking_call_was_delivered(quick: tuple[dict[str, Any], Path, str]) -> None:
+    results = quick[0]
+    loops = results["pertask"]["loops"]
+    assert {"asyncio", "uvloop"} <= set(loops)
+    for scenarios in loops.values():
+        assert set(scenarios) == {"pure", "getcwd", "stat", "file_read", "handler"}
+        for name, by_mode in scenarios.items():
+            for mode, entry in by_mode.items():
+                if mode == "baseline":
+                    continue
+                expected = 0 if name == "pure" else results["pertask"]["settings"]["tasks"][name]
+                assert entry["events_expected_per_run"] == expected
+                assert set(entry["events_delivered"]) == {expected}
+                assert entry["delivery_ok"], entry["problems"]
+                assert entry["events_checked"] == (0 if name == "pure" else 1)
+
+
+def test_servers_ran_with_detection_live(quick: tuple[dict[str, Any], Path, str]) -> None:
+    results = quick[0]
+    generator = "wrk" if shutil.which("wrk") else "python"
+    for server, by_mode in results["asgi"]["servers"].items():
+        assert set(by_mode) == {"baseline", "aiocop", "aiocop+watchdog", "aiocop+middleware"}, server
+        for mode, entry in by_mode.items():
+            assert entry["checks_ok"], (server, mode, entry["problems"])
+            for run in entry["runs"]:
+                assert run["generator"] == generator
+                assert run["requests"] > 0
+                assert run["server_status"]["aiocop_imported"] == (mode != "baseline")
+    for kind, by_mode in results["echo"]["kinds"].items():
+        for mode, entry in by_mode.items():
+            assert entry["checks_ok"], (kind, mode, entry["problems"])
+            assert all(run["requests"] > 0 for run in entry["runs"])
+
+
+def test_fallback_load_generator_ran(quick: tuple[dict[str, Any], Path, str]) -> None:
+    # Without wrk every HTTP figure comes from the fallback; with it, the
+    # cross-check runs the fallback against wrk on the same server.
+    results = quick[0]
+    if shutil.which("wrk") is None:
+        assert results["load_generators"]["http"].startswith("python")
+        assert "wrk is not installed" in results["loadgen_crosscheck"]["skipped"]
+    else:
+        for by in results["loadgen_crosscheck"].values():
+            assert by["python"]["generator"] == "python"
+            assert by["python"]["requests"] > 0
+            assert by["wrk"]["requests"] > 0
+
+
+def test_scaling_and_targets(quick: tuple[dict[str, Any], Path, str]) -> None:
+    results = quick[0]
+    scaling = results["scaling"]["results"]
+    assert set(scaling) == {"producer_consumer", "task_workflow", "chat_fanout"}
+    for by_size in scaling.values():
+        for entry in by_size.values():
+            assert entry["checks_ok"]
+            assert entry["aiocop"]["bytes_per_task"]["median"] > 0
+    sections = {v["section"] for v in results["targets"]}
+    assert sections == {"pertask", "asgi", "echo", "scaling"}
+    assert all(v["passed"] in (True, False, None) for v in results["targets"])
+
+
+def test_plots_written(quick: tuple[dict[str, Any], Path, str]) -> None:
+    results, out, _ = quick
+    if importlib.util.find_spec("matplotlib") is None:
+        assert results["plots"] == {"skipped": "matplotlib is not installed"}
+        pytest.skip("matplotlib is not installed: the suite ran without plots")
+    assert results["plots"]["files"] == ["pertask_overhead.png", "throughput.png", "scaling.png"]
+    for name in results["plots"]["files"]:
+        assert (out / name).read_bytes().startswith(b"\x89PNG")
