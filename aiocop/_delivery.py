@@ -94,14 +94,13 @@ def _frame(code: CodeType, lasti: int) -> tuple[tuple[str, int, str], str]:
 
 
 def format_record(record: Record, wall_offset: float | None = None, raised: bool = False) -> BlockingEventInfo:
-    pairs = [_frame(code, lasti) for code, lasti in record.trace]
-    site = _frame(*record.site)[1] if record.site is not None else None
-    info = _info(
-        record.event, _format_args(record.args), [p[0] for p in pairs], [p[1] for p in pairs], site, record.weight
-    )
+    event, args, trace, site, timestamp, weight = record
+    pairs = [_frame(code, lasti) for code, lasti in trace]
+    site_text = _frame(*site)[1] if site is not None else None
+    info = _info(event, _format_args(args), [p[0] for p in pairs], [p[1] for p in pairs], site_text, weight)
     if wall_offset is None:
         wall_offset = time.time() - perf_counter()
-    info["timestamp"] = record.time + wall_offset
+    info["timestamp"] = timestamp + wall_offset
     info["raised"] = raised
     return info
 
@@ -130,9 +129,6 @@ def _loop_name(loop: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}@{address}"
 
 
-_GONE = object()
-
-
 def format_samples(samples: list[tuple[tuple[tuple[CodeType, int], ...], int]]) -> list[CpuStackSample]:
     formatted: list[CpuStackSample] = []
     for stack, count in samples:
@@ -144,16 +140,14 @@ def format_samples(samples: list[tuple[tuple[tuple[CodeType, int], ...], int]]) 
     return formatted
 
 
-class _LazyFields:
-    """Formats an event's blocking calls, samples and loop name when first read."""
+class _Origin:
+    """What a batch of events shares: its loop (named when first asked), clock offset and threshold."""
 
-    __slots__ = ("loop_ref", "loop_type", "raised", "records", "stall", "wall_offset")
+    __slots__ = ("loop_ref", "loop_type", "threshold_ms", "wall_offset")
 
-    def __init__(self, loop: object, records: list[Record], raised: Record | None, stall: Stall | None) -> None:
-        self.records = records
-        self.raised = raised
-        self.stall = stall
-        self.wall_offset = time.time() - perf_counter()
+    def __init__(self, loop: object, wall_offset: float | None = None) -> None:
+        self.wall_offset = time.time() - perf_counter() if wall_offset is None else wall_offset
+        self.threshold_ms = _state.config.threshold_ms
         if isinstance(loop, str):  # already named (the watchdog names loops when they start)
             self.loop_type: Any = loop
             self.loop_ref: Any = None
@@ -161,99 +155,144 @@ class _LazyFields:
             self.loop_type = type(loop)
             self.loop_ref = weakref.ref(loop)
 
-    def __call__(self) -> dict[str, Any]:
-        loop = self.loop_ref() if self.loop_ref is not None else _GONE
+    def loop_name(self) -> str:
         cls = self.loop_type
-        events = [format_record(r, self.wall_offset, r is self.raised) for r in self.records]
-        stall = self.stall
-        samples = format_samples(stall.samples) if stall is not None else []
-        call_site = events[0]["entry_point"] if events else samples[0]["entry_point"] if samples else ""
-        culprit = stall.culprit() if stall is not None else ""
-        return {
-            "blocking_events": events,
-            "cpu_stack_samples": samples,
-            "call_site": call_site,
-            "culprit": culprit,
-            "loop": (
-                cls
-                if isinstance(cls, str)
-                else _loop_name(loop)
-                if loop is not None
-                else f"{cls.__module__}.{cls.__qualname__}@(gone)"
-            ),
-        }
+        if isinstance(cls, str):
+            return cls
+        loop = self.loop_ref()
+        return _loop_name(loop) if loop is not None else f"{cls.__module__}.{cls.__qualname__}@(gone)"
 
 
-def build_event(group: StepGroup, context: dict[str, Any] | None = None) -> SlowTaskEvent:
-    score = group.score
+def _step_fields(
+    origin: _Origin,
+    group_fields: tuple[dict[str, Any], str | None, str, int, int],
+    records: list[Record],
+    raised: Record | None,
+    stall: Stall | None,
+    start: float,
+    end: float,
+    score: int,
+    reason: str,
+) -> dict[str, Any]:
+    """An event's fields, computed when one is first read (see `SlowTaskEvent.__getattr__`)."""
+    context, task_name, thread_name, thread_id, dropped = group_fields
+    elapsed_ms = (end - start) * 1000.0
+    threshold_ms = origin.threshold_ms
+    events = [format_record(r, origin.wall_offset, r is raised) for r in records]
+    samples = format_samples(stall.samples) if stall is not None else []
+    return {
+        "elapsed_ms": elapsed_ms,
+        "threshold_ms": threshold_ms,
+        "exceeded_threshold": elapsed_ms >= threshold_ms,
+        "severity_score": score,
+        "severity_level": get_severity_level_from_score(score),
+        "reason": reason,
+        "blocking_events": events,
+        "context": context,
+        "cpu_stack_samples": samples,
+        "task_name": task_name,
+        "thread_name": thread_name,
+        "thread_id": thread_id,
+        "loop": origin.loop_name(),
+        "dropped_events": dropped,
+        "call_site": events[0]["entry_point"] if events else samples[0]["entry_point"] if samples else "",
+        "culprit": stall.culprit() if stall is not None else "",
+    }
+
+
+_new_object = object.__new__
+_set_attribute = object.__setattr__
+
+
+def build_event(
+    group: StepGroup, context: dict[str, Any] | None = None, origin: _Origin | None = None
+) -> SlowTaskEvent:
+    """The `SlowTaskEvent` of a step, whose fields are computed when first read.
+
+    `origin` is shared by the events of a batch (one loop, one moment).
+    """
     stall = group.stall
     # A CPU-bound stall's start (from the thread's CPU clock) can be earlier
     # than the first blocking call, and then it is the step's; for a wait,
     # the call's own timestamp is the better bound.
     start = group.t_first if stall is None or stall.waiting else min(group.t_first, stall.start)
-    elapsed_ms = ((group.t_end or perf_counter()) - start) * 1000.0
-    threshold_ms = _state.config.threshold_ms
     task = group.task
-    # SlowTaskEvent is a frozen dataclass (as in 1.x). Its __dict__ is filled
-    # directly, which skips the generated __init__'s object.__setattr__ per
-    # field, and `blocking_events` and `loop` are left to _LazyFields: the
-    # callback that only counts events never pays for formatting them.
-    event = object.__new__(SlowTaskEvent)
-    event.__dict__.update(
-        elapsed_ms=elapsed_ms,
-        threshold_ms=threshold_ms,
-        exceeded_threshold=elapsed_ms >= threshold_ms,
-        severity_score=score,
-        severity_level=get_severity_level_from_score(score),
-        reason="io_blocking",
-        context=context if context is not None else {},
-        task_name=task.get_name() if task is not None else None,
-        thread_name=group.thread_name,
-        thread_id=group.thread_id,
-        dropped_events=group.dropped,
-        _resolve=_LazyFields(group.loop, group.records, group.raised, stall),
+    # SlowTaskEvent is a frozen dataclass (as in 1.x): its generated __init__
+    # is skipped. The recipe holds what the fields are made of, not the
+    # group, which holds the step's task, context and loop.
+    event = _new_object(SlowTaskEvent)
+    _set_attribute(
+        event,
+        "_resolve",
+        (
+            _step_fields,
+            origin if origin is not None else _Origin(group.loop),
+            (
+                context if context is not None else {},
+                task.get_name() if task is not None else None,
+                group.thread_name,
+                group.thread_id,
+                group.dropped,
+            ),
+            group.records,
+            group.raised,
+            stall,
+            start,
+            group.t_end or perf_counter(),
+            group.score,
+            "io_blocking",
+        ),
     )
     return event
 
 
 def build_stall_event(stall: Stall, task: Any, context: dict[str, Any]) -> SlowTaskEvent:
-    elapsed_ms = (stall.end - stall.start) * 1000.0
-    threshold_ms = _state.config.threshold_ms
-    event = object.__new__(SlowTaskEvent)
-    event.__dict__.update(
-        elapsed_ms=elapsed_ms,
-        threshold_ms=threshold_ms,
-        exceeded_threshold=elapsed_ms >= threshold_ms,
-        severity_score=0,  # as in 1.x: the score counts intercepted calls only
-        severity_level="low",
-        reason="cpu_blocking",
-        context=context,
-        task_name=task.get_name() if task is not None else None,
-        thread_name=stall.watch.thread_name,
-        thread_id=stall.watch.thread_id,
-        dropped_events=0,
-        _resolve=_LazyFields(stall.watch.loop_name, [], None, stall),
+    event = _new_object(SlowTaskEvent)
+    watch = stall.watch
+    _set_attribute(
+        event,
+        "_resolve",
+        (
+            _step_fields,
+            _Origin(watch.loop_name),
+            (context, task.get_name() if task is not None else None, watch.thread_name, watch.thread_id, 0),
+            [],
+            None,
+            stall,
+            stall.start,
+            stall.end,
+            0,  # as in 1.x: the score counts intercepted calls only
+            "cpu_blocking",
+        ),
     )
     return event
 
 
-def deliver_now(group: StepGroup) -> None:
+def deliver_now(group: StepGroup, origin: _Origin | None = None) -> None:
     """Build the event and run providers and callbacks (in the step's context)."""
-    if not group.records and not group.dropped:
-        return  # reset_blocking_events() emptied it
-    state = _hook.thread_state
+    state = _hook.current_state()
     was_busy, state.busy = state.busy, True  # a callback's own blocking calls are not reported
     try:
-        _callbacks.invoke_callbacks(build_event(group, _callbacks.capture_context()))
-    except Exception:
-        _hook._internal_error("delivering an event")
+        _deliver(group, origin)
     finally:
         state.busy = was_busy
 
 
+def _deliver(group: StepGroup, origin: _Origin | None) -> None:
+    # deliver_now without the busy flag, which the caller holds.
+    if not group.records and not group.dropped:
+        return  # reset_blocking_events() emptied it
+    try:
+        event = build_event(group, _callbacks.capture_context() if _callbacks._providers else {}, origin)
+    except Exception:
+        _hook._internal_error("delivering an event")
+        return
+    _callbacks.invoke_callbacks(event)
+
+
 def flush(batch: list[StepGroup]) -> None:
     """Run by the loop after the steps of an iteration: they are over, deliver them."""
-    state = _hook.thread_state
+    state = _hook.current_state()
     was_busy, state.busy = state.busy, True  # nothing aiocop does here is the app's blocking
     try:
         _flush(batch, state)
@@ -267,25 +306,52 @@ def _flush(batch: list[StepGroup], state: Any) -> None:
         state.pending = None
     if state.group is not None and state.group in batch:
         state.group = None
-    claimed = []
     for group in batch:
         if not group.t_end:
             group.t_end = now
-        # Claiming and taking the watchdog's stall under one lock: the watchdog
-        # either finds the group unclaimed (and hands it the stall) or sees it
-        # taken, never the moment in between.
-        with _watchdog.merge_lock:
-            if _hook.claim(group):
-                _take_stall(group)
-                claimed.append(group)
+    claimed = _claim(batch)
     if not claimed:
         return
     if _state.config.delivery == "thread":
         _worker.submit(claimed)
         return
+    callbacks = _callbacks.registered()
+    if not callbacks:
+        return  # nobody to tell: no event is built
+    origin = _Origin(claimed[0].loop)  # a batch is one loop's
+    if _callbacks._providers:
+        for group in claimed:
+            # Each step's providers and callbacks run in (a copy of) its own context.
+            group.context.run(_deliver, group, origin)
+        return
+    # No providers: the event can be built out here, one Python call less per step.
+    invoke = _callbacks.invoke_callbacks
     for group in claimed:
-        # Each step's providers and callbacks run in (a copy of) its own context.
-        group.context.run(deliver_now, group)
+        if group.records or group.dropped:  # (reset_blocking_events() may have emptied it)
+            try:
+                event = build_event(group, {}, origin)
+            except Exception:
+                _hook._internal_error("delivering an event")
+                continue
+            group.context.run(invoke, event)
+
+
+def _claim(batch: list[StepGroup]) -> list[StepGroup]:
+    """The groups of `batch` this delivery takes (`_hook.claim`), with the watchdog's stalls."""
+    take = _hook.unclaimed.pop
+    if not _loops.watches:
+        # No watchdog: nobody hands stalls over, claiming alone decides.
+        return [group for group in batch if take(group, None) is not None]
+    claimed = []
+    # Claiming and taking the watchdog's stall under one lock: the watchdog
+    # either finds a group unclaimed (and hands it the stall) or sees it
+    # taken, never the moment in between. One lock round per batch.
+    with _watchdog.merge_lock:
+        for group in batch:
+            if take(group, None) is not None:
+                _take_stall(group)
+                claimed.append(group)
+    return claimed
 
 
 def _take_stall(group: StepGroup) -> None:
@@ -332,7 +398,7 @@ def _report_stall(stall: Stall) -> None:
     task, context = seen.task, seen.context
 
     def deliver() -> None:
-        state = _hook.thread_state
+        state = _hook.current_state()
         was_busy, state.busy = state.busy, True
         try:
             _callbacks.invoke_callbacks(build_stall_event(stall, task, _callbacks.capture_context()))
@@ -476,8 +542,8 @@ def _after_fork_in_child() -> None:
     # delivered them too would report every one of them twice.
     _hook.unclaimed.clear()
     _on_loops.clear()
-    _hook.thread_state.pending = None
-    _hook.thread_state.group = None
+    _hook.current_state().pending = None
+    _hook.current_state().group = None
     _worker.reinit_after_fork()
 
 

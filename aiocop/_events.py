@@ -6,15 +6,15 @@ that code constructing or unpacking the 1.x types keeps working.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-# Fields aiocop may leave out of a fresh event's __dict__ and compute on first
-# read: formatting waits until someone looks at the event.
-_LAZY_FIELDS = frozenset({"blocking_events", "loop", "cpu_stack_samples", "call_site", "culprit"})
+
+def _none() -> None:
+    return None
 
 
 class RawBlockingEvent(TypedDict):
@@ -115,29 +115,33 @@ class SlowTaskEvent:
     blocking_events: list[BlockingEventInfo]
     context: dict[str, Any] = field(default_factory=dict)
     cpu_stack_samples: list[CpuStackSample] = field(default_factory=list)
-    task_name: str | None = None
-    thread_name: str = ""
-    thread_id: int = 0
-    # Lazily computed fields must not have a class-level default (which
-    # __getattr__ would never get past): they use default factories.
+    # An event built by aiocop starts with no fields at all, only a recipe for
+    # them (`_resolve`), followed when a field is first read: a callback that
+    # counts events, or drops them, never pays for them. So no field may have
+    # a class-level default, which __getattr__ would never get past: they use
+    # default factories.
+    task_name: str | None = field(default_factory=_none)
+    thread_name: str = field(default_factory=str)
+    thread_id: int = field(default_factory=int)
     loop: str = field(default_factory=str)
-    dropped_events: int = 0
+    dropped_events: int = field(default_factory=int)
     call_site: str = field(default_factory=str)
     culprit: str = field(default_factory=str)
 
-    # Only called for attributes missing from __dict__: the lazy fields of an
-    # event built by aiocop, before anyone has read them.
+    # Only called for attributes missing from __dict__: the fields of an event
+    # built by aiocop, before anyone has read them. `_resolve` is
+    # `(function, *arguments)`: a tuple costs less to build than a closure.
     def __getattr__(self, name: str) -> Any:
-        resolve: Callable[[], dict[str, Any]] | None = self.__dict__.get("_resolve")
-        if resolve is None or name not in _LAZY_FIELDS:
+        if name not in _FIELD_NAMES or "_resolve" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         self._materialize()
         return self.__dict__[name]
 
     def _materialize(self) -> None:
-        resolve = self.__dict__.pop("_resolve", None)
+        resolve: tuple[Callable[..., dict[str, Any]], Any] | None = self.__dict__.pop("_resolve", None)
         if resolve is not None:
-            self.__dict__.update(resolve())
+            function, *arguments = resolve
+            self.__dict__.update(function(*arguments))
 
     def __getstate__(self) -> dict[str, Any]:
         self._materialize()
@@ -145,3 +149,6 @@ class SlowTaskEvent:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(SlowTaskEvent))

@@ -43,7 +43,7 @@ _LOOP_TOP_LEVEL = frozenset(LOOP_PACKAGES)
 
 # module name -> Kind; and, for the few loop modules that bound steps,
 # function name -> role.
-_module_kinds: dict[str | None, Kind] = {}
+_module_kinds: dict[object, Kind] = {}
 LOOP_ROLES: dict[str, dict[str, LoopFrameRole]] = {}
 for _frame in LOOP_FRAMES:
     LOOP_ROLES.setdefault(_frame.module, {})[_frame.function] = _frame.role

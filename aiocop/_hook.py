@@ -24,9 +24,9 @@ from asyncio import AbstractEventLoop, Task, current_task
 from asyncio import _get_running_loop as get_running_loop
 from contextvars import Context, copy_context
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from aiocop import _allow, _frames, _internals, _rules, _state
+from aiocop import _allow, _frames, _harmless, _rules, _state, _wrappers
 from aiocop._frames import Kind
 
 if TYPE_CHECKING:
@@ -37,7 +37,9 @@ logger = logging.getLogger("aiocop")
 
 # How far up a stack the walk goes when it finds no edge of the step.
 _MAX_WALK = 256
+_new_object = object.__new__
 _WRAPPERS_MODULE = "aiocop._wrappers"
+_WRAPPERS_GLOBALS = vars(_wrappers)  # the f_globals of every wrapper's frame
 _BUFFER_TYPES = (bytes, bytearray, memoryview)
 _LOOP_BOUNDARY_EVENTS = ("sys.set_asyncgen_hook_firstiter",)
 
@@ -92,7 +94,8 @@ def rebuild() -> None:
 
 
 def audit_hook(event: str, args: tuple[Any, ...]) -> None:
-    # Hot path: keep the two early exits first and allocation-free.
+    # Hot path: keep the two early exits first and allocation-free. The slow
+    # path is inlined below (a Python call costs more than the rest of it).
     rule = _lookup(event)
     if rule is None:
         return
@@ -103,68 +106,102 @@ def audit_hook(event: str, args: tuple[Any, ...]) -> None:
         return
     if rule.boundary:
         return
-    _record(event, args, rule, loop)
+    state: _ThreadState | None = getattr(_local, "state", None)
+    if state is None:
+        state = current_state()
+    if state.busy or not _state.monitored.get():
+        return
+    condition = rule.condition
+    if condition is not None and not condition(args):
+        return
+    state.busy = True
+    try:
+        captured = _capture(event, args, rule.weight, loop, state)
+    except Exception:
+        captured = None
+        _internal_error()
+    finally:
+        state.busy = False
+    if captured is not None and rule.weight > 0 and _state.raise_on_violations.get():
+        _raise_violation(captured)
 
 
-class _ThreadState(threading.local):
-    busy = False  # inside the hook's slow path or a delivery: ignore events
-    group: StepGroup | None = None  # the step currently collecting events
-    # Steps of this loop iteration waiting for the one delivery callback
-    # scheduled by the first of them (replaced, never cleared, on flush).
-    pending: list[StepGroup] | None = None
-    # The frame that called into a running event loop written in C: the outer
-    # edge of its steps. Held only while that loop runs (see _on_loop_boundary).
-    base_frame: FrameType | None = None
+def _raise_violation(captured: tuple[StepGroup, Record | None]) -> None:
+    group, record = captured
+    if group.score < _state.config.raise_min_score or make_violation is None:
+        return
+    if record is not None and group.raised is None:
+        group.raised = record
+    # Raised from the hook, the exception aborts the call before it runs
+    # and surfaces at the offending line, inside the offending task.
+    raise make_violation(group)
 
 
-thread_state = _ThreadState()
+class _ThreadState:
+    """What the hook keeps per thread (one instance per thread, see `current_state`)."""
+
+    __slots__ = ("base_frame", "busy", "group", "pending", "thread_id", "thread_name")
+
+    def __init__(self) -> None:
+        self.busy = False  # inside the hook's slow path or a delivery: ignore events
+        self.group: StepGroup | None = None  # the step currently collecting events
+        # Steps of this loop iteration waiting for the one delivery callback
+        # scheduled by the first of them (replaced, never cleared, on flush).
+        self.pending: list[StepGroup] | None = None
+        # The frame that called into a running event loop written in C: the
+        # outer edge of its steps. Held only while that loop runs (see
+        # _on_loop_boundary).
+        self.base_frame: FrameType | None = None
+        thread = threading.current_thread()
+        self.thread_id = thread.ident or 0
+        # Read again whenever a loop starts on the thread (Thread.name is a
+        # property: too dear to read per step), as the watchdog does.
+        self.thread_name = thread.name
 
 
-class Record(NamedTuple):
-    """One intercepted call, kept raw: formatting waits until someone reads it."""
+# One attribute of a threading.local, holding a plain object: an attribute of a
+# threading.local costs a per-thread dict look-up on every access, an
+# attribute of a slotted object a pointer read, and the hook makes several.
+_local = threading.local()
 
-    event: str
-    args: tuple[Any, ...]
-    trace: list[tuple[CodeType, int]]  # (code, f_lasti), innermost first
-    site: tuple[CodeType, int] | None  # the user's frame
-    time: float  # perf_counter()
-    weight: int
+
+def current_state() -> _ThreadState:
+    """This thread's hook state (created on first use)."""
+    state: _ThreadState | None = getattr(_local, "state", None)
+    if state is None:
+        state = _local.state = _ThreadState()
+    return state
+
+
+# One intercepted call, kept raw (formatting waits until someone reads it):
+# (event, args, trace, site, time, weight). `trace` is the first frames as
+# (code, f_lasti), innermost first; `site` the user's frame; `time` the
+# perf_counter() of the call. A plain tuple: the hot path builds one per call.
+Record = tuple[str, tuple[Any, ...], list[tuple["CodeType", int]], "tuple[CodeType, int] | None", float, int]
 
 
 class StepGroup:
-    """The blocking calls of one step of one loop, delivered together."""
+    """The blocking calls of one step of one loop, delivered together.
 
-    __slots__ = (
-        "context",
-        "dropped",
-        "key",
-        "loop",
-        "raised",
-        "records",
-        "score",
-        "stall",
-        "t_end",
-        "t_first",
-        "task",
-        "thread_id",
-        "thread_name",
-    )
+    One is made per step with a blocking call, in `_capture`, which sets
+    the fields below directly (an __init__ would cost a second Python call).
+    The fields most steps never change are class-level defaults.
+    """
 
-    def __init__(self, loop: AbstractEventLoop, key: object, task: Task[Any] | None, now: float) -> None:
-        self.loop = loop
-        self.key = key
-        self.task = task
-        thread = threading.current_thread()
-        self.thread_id = thread.ident or 0
-        self.thread_name = thread.name
-        self.context: Context = copy_context()
-        self.records: list[Record] = []
-        self.dropped = 0
-        self.score = 0
-        self.t_first = now
-        self.t_end = 0.0
-        self.raised: Record | None = None  # the call raise_on_violations failed first
-        self.stall: Any = None  # the watchdog's view of this step, if it stalled
+    loop: AbstractEventLoop
+    key: object  # what identifies the step: its task, or a callback's outermost frame
+    task: Task[Any] | None
+    thread_id: int
+    thread_name: str
+    context: Context  # a copy of the context at the step's first blocking call
+    records: list[Record]
+    t_first: float  # perf_counter() of the first blocking call
+
+    dropped = 0  # blocking calls not kept: the step's buffer was full
+    score = 0
+    t_end = 0.0  # perf_counter() when the step was seen to be over
+    raised: Record | None = None  # the call raise_on_violations failed first
+    stall: Any = None  # the watchdog's view of this step, if it stalled
 
 
 # Groups scheduled for delivery and not yet delivered. Whoever pops a
@@ -185,36 +222,6 @@ register_loop: Callable[[AbstractEventLoop], None] | None = None
 _internal_errors = 0
 
 
-def _record(event: str, args: tuple[Any, ...], rule: _Rule, loop: AbstractEventLoop) -> None:
-    state = thread_state
-    if state.busy or not _state.monitored.get():
-        return
-    condition = rule.condition
-    if condition is not None and not condition(args):
-        return
-    state.busy = True
-    try:
-        captured = _capture(event, args, rule.weight, loop, state)
-    except Exception:
-        captured = None
-        _internal_error()
-    finally:
-        state.busy = False
-    if (
-        captured is not None
-        and rule.weight > 0
-        and _state.raise_on_violations.get()
-        and captured[0].score >= _state.config.raise_min_score
-        and make_violation is not None
-    ):
-        group, record = captured
-        if record is not None and group.raised is None:
-            group.raised = record
-        # Raised from the hook, the exception aborts the call before it runs
-        # and surfaces at the offending line, inside the offending task.
-        raise make_violation(group)
-
-
 def _internal_error(what: str = "recording a blocking call") -> None:
     # aiocop must never break the application: log the first few failures
     # and carry on without the event.
@@ -224,25 +231,90 @@ def _internal_error(what: str = "recording a blocking call") -> None:
         logger.exception("aiocop: internal error while %s (ignored)", what)
 
 
-def _capture(
+def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost more than its steps
     event: str, args: tuple[Any, ...], weight: int, loop: AbstractEventLoop, state: _ThreadState
 ) -> tuple[StepGroup, Record | None] | None:
+    """Record the call in its step's group; `None` if it is not to be reported.
+
+    One pass up the stack from the caller of the event to the step's edge
+    finds the step's frames and, on the way, the trace (the first
+    `trace_depth` frames as (code, f_lasti): the line number is worked out
+    only when someone formats the event) and the user's frame, even beyond
+    that depth. Only these frames pay for reading f_code, an audit event of
+    its own. The walk stops at the task's coroutine frame, at a Python loop's
+    dispatch frame (`Handle._run`, ...), or at the frame that entered a loop
+    written in C (`state.base_frame`).
+    """
     task = current_task(loop)
+    base = state.base_frame
     root: FrameType | None = None
-    if task is not None and state.base_frame is None:
+    if task is not None and base is None:
         # The task's coroutine frame bounds the step. Only needed when the
         # loop's entry frame is unknown (detection started inside a running
         # loop): reading cr_frame is an audit event of its own.
         root = getattr(task.get_coro(), "cr_frame", None)
-    # 0: _capture, 1: _record, 2: audit_hook, 3: whoever raised the event.
-    walked = _walk_step(sys._getframe(3), event, root, state)
-    if walked is None:
-        return None
-    frames, kinds = walked
-    if _is_allowed(event, args, frames, kinds, loop):
+    frames: list[FrameType] = []
+    trace: list[tuple[CodeType, int]] = []
+    site: tuple[CodeType, int] | None = None
+    depth = _state.config.trace_depth
+    module_kinds = _frames._module_kinds
+    caller_module: object = None  # the module of frames[0]
+    # 0: _capture, 1: audit_hook, 2: whoever raised the event: most often one
+    # of aiocop's wrappers, whose caller is the first frame of interest.
+    frame: FrameType | None = sys._getframe(2)
+    if frame is not None and frame.f_globals is _WRAPPERS_GLOBALS:
+        frame = frame.f_back
+    while frame is not None:
+        if frame is base:  # (never `root`: there is a root only when there is no base)
+            break
+        name = frame.f_globals.get("__name__")
+        kind = module_kinds.get(name)
+        if kind is None:
+            kind = _frames.frame_kind(frame)
+        if kind:  # not the user's code (USER is 0): the step's edges are among these
+            if kind == _AIOCOP:
+                if frames and name == _WRAPPERS_MODULE:
+                    return None  # nested inside an outer aiocop wrapper: reported once, by it
+                frame = frame.f_back
+                continue
+            if kind == _LOOP:
+                roles = _frames.LOOP_ROLES.get(name)  # type: ignore[arg-type]
+                if roles is not None:
+                    role = roles.get(frame.f_code.co_name)
+                    if role == "dispatch":
+                        break
+                    if role == "core":
+                        return None  # the loop's own machinery, outside any step
+            elif kind == _IMPORTLIB and event != "import":
+                return None  # part of an import, reported as the `import` event
+        if not frames:
+            caller_module = name
+        frames.append(frame)
+        if len(trace) < depth:
+            pair = (frame.f_code, frame.f_lasti)
+            trace.append(pair)
+            if site is None and not kind:
+                site = pair
+        elif site is None and not kind:
+            site = (frame.f_code, frame.f_lasti)
+        if frame is root or len(frames) >= _MAX_WALK:
+            break
+        frame = frame.f_back
+    if not frames:
         return None
 
-    trace, site = _trace(frames, kinds, _state.config.trace_depth)
+    # The known-harmless rules the event and the caller's module leave in
+    # play: nearly always none (two dict look-ups, see _harmless).
+    in_play = _harmless.in_play.get(event)
+    harmless = in_play.get(caller_module) if in_play is not None else None
+    if harmless is None:
+        harmless = _harmless.rules_in_play(event, caller_module, module_kinds[caller_module])
+    if harmless and _harmless.any_matches(harmless, args, frames, loop):
+        return None
+    allow_rules = _allow._global_rules
+    scoped = _allow.scoped_rules.get()
+    if (allow_rules or scoped) and _allowed_by_user(event, frames, allow_rules, scoped):
+        return None
 
     now = perf_counter()
     group = state.group
@@ -251,17 +323,33 @@ def _capture(
     # runs of one function (two requests' callbacks, each in its own context)
     # are two steps. The group holds that frame until delivery, next iteration.
     key: object = task if task is not None else frames[-1]
-    if group is None or group.key != key or group.loop is not loop or group.t_end:
+    if group is None or group.key is not key or group.loop is not loop or group.t_end:
         if group is not None and not group.t_end:
             group.t_end = now  # a new step began, so the previous one had ended
-        group = StepGroup(loop, key, task, now)
-        state.group = group
-        _schedule(group, loop, state)
+        group = state.group = _new_object(StepGroup)
+        group.loop = loop
+        group.key = key
+        group.task = task
+        group.thread_id = state.thread_id
+        group.thread_name = state.thread_name
+        group.context = copy_context()
+        group.records = []
+        group.t_first = now
+        unclaimed[group] = group
+        pending = state.pending
+        if pending is not None and pending[0].loop is loop:
+            pending.append(group)  # the delivery callback of this iteration is scheduled already
+        else:
+            _schedule(group, loop, state)
         if register_loop is not None:
             register_loop(loop)  # a loop the watchdog may not know (one that sets no asyncgen hooks)
     record: Record | None = None
     if len(group.records) < _state.config.max_events_per_step:
-        record = Record(event, _summarize(args), trace, site, now, weight)
+        for arg in args:
+            if isinstance(arg, _BUFFER_TYPES):
+                args = _summarize(args)
+                break
+        record = (event, args, trace, site, now, weight)
         group.records.append(record)
     else:
         group.dropped += 1
@@ -269,162 +357,22 @@ def _capture(
     return group, record
 
 
-def _trace(
-    frames: list[FrameType], kinds: list[Kind], depth: int
-) -> tuple[list[tuple[CodeType, int]], tuple[CodeType, int] | None]:
-    """The first `depth` frames, and the user's frame (even beyond `depth`).
-
-    Kept as (code, f_lasti) pairs: the line number is worked out only when
-    someone formats the event (f_lineno decodes the line table every time).
-    Only these frames pay for reading f_code (an audit event of its own).
-    """
-    trace: list[tuple[CodeType, int]] = []
-    site: tuple[CodeType, int] | None = None
-    for frame, kind in zip(frames, kinds, strict=True):
-        if len(trace) < depth:
-            trace.append((frame.f_code, frame.f_lasti))
-            if site is None and kind == Kind.USER:
-                site = trace[-1]
-        elif site is not None:
-            break
-        elif kind == Kind.USER:
-            site = (frame.f_code, frame.f_lasti)
-            break
-    return trace, site
-
-
-def _walk_step(
-    frame: FrameType | None, event: str, root: FrameType | None, state: _ThreadState
-) -> tuple[list[FrameType], list[Kind]] | None:
-    """The frames of the current step, innermost first, without aiocop's.
-
-    `None` when the call was not made inside a step (the loop's own
-    machinery), was made inside the import system (reported as the `import`
-    event), or was made by a wrapper called from another wrapper (reported
-    once, by the outer one).
-    """
-    frames: list[FrameType] = []
-    kinds: list[Kind] = []
-    module_kinds = _frames._module_kinds
-    base = state.base_frame
-    while frame is not None:
-        module_globals = frame.f_globals
-        name = module_globals.get("__name__")
-        kind = module_kinds.get(name)
-        if kind is None:
-            kind = _frames.frame_kind(frame)
-        if kind == Kind.AIOCOP:
-            if frames and name == _WRAPPERS_MODULE:
-                return None  # nested inside an outer aiocop wrapper
-        else:
-            if kind == Kind.LOOP:
-                roles = _frames.LOOP_ROLES.get(name)  # type: ignore[arg-type]
-                if roles is not None:
-                    role = roles.get(frame.f_code.co_name)
-                    if role == "dispatch":
-                        break
-                    if role == "core":
-                        return None
-            elif kind == Kind.IMPORTLIB and event != "import":
-                return None
-            if frame is base and frame is not root:
-                break
-            frames.append(frame)
-            kinds.append(kind)
-            if frame is root or len(frames) >= _MAX_WALK:
-                break
-        frame = frame.f_back
-    return (frames, kinds) if frames else None
-
-
-def _is_allowed(
-    event: str, args: tuple[Any, ...], frames: list[FrameType], kinds: list[Kind], loop: AbstractEventLoop
+def _allowed_by_user(
+    event: str, frames: list[FrameType], rules: tuple[_allow.AllowRule, ...], scoped: tuple[_allow.AllowRule, ...]
 ) -> bool:
-    if _made_by_tooling(frames[0]):
-        return True
-    for rule in _harmless_for(event):
-        if (
-            _harmless_matches(rule, args, frames[0], kinds[0])
-            and (not rule.inside_modules or _inside(rule.inside_modules, frames, kinds))
-            and (not rule.debug_loop_only or loop.get_debug())
-        ):
-            return True
-    rules = _allow.global_rules()
-    scoped = _allow.scoped_rules.get()
-    if not rules and not scoped:
-        return False
     if scoped:
         rules = (*rules, *scoped)
     return any(rule.matches(event, frames) for rule in rules)
 
 
-_harmless_by_event: dict[str, tuple[_internals.HarmlessRule, ...]] = {}
-# Rules for any event whose only condition is the caller's module (test and
-# coverage tooling): decided once per module name.
-_harmless_any: tuple[_internals.HarmlessRule, ...] = tuple(r for r in _internals.HARMLESS if not r.event)
-_tooling_by_module: dict[object, bool] = {}
-
-
-def _harmless_for(event: str) -> tuple[_internals.HarmlessRule, ...]:
-    rules = _harmless_by_event.get(event)
-    if rules is None:
-        rules = tuple(r for r in _internals.HARMLESS if event in r.event)
-        _harmless_by_event[event] = rules
-    return rules
-
-
-def _made_by_tooling(caller: FrameType) -> bool:
-    name = caller.f_globals.get("__name__")
-    verdict = _tooling_by_module.get(name)
-    if verdict is None:
-        verdict = any(module_in(caller, r.caller_modules, r.caller_prefixes) for r in _harmless_any)
-        _tooling_by_module[name] = verdict
-    return verdict
-
-
-def module_in(frame: FrameType, modules: tuple[str, ...], prefixes: tuple[str, ...]) -> bool:
-    """Whether the frame's module is one of `modules` or below one of `prefixes` (`"pkg."`)."""
-    name = frame.f_globals.get("__name__")
-    return isinstance(name, str) and (name in modules or name.startswith(prefixes))
-
-
-def _inside(modules: tuple[str, ...], frames: list[FrameType], kinds: list[Kind]) -> bool:
-    prefixes = tuple(m + "." for m in modules)
-    for frame, kind in zip(frames, kinds, strict=True):
-        if kind == Kind.USER:
-            return False
-        if module_in(frame, modules, prefixes):
-            return True
-    return False
-
-
-_STDLIB_MODULES: frozenset[str] = frozenset(getattr(sys, "stdlib_module_names", ()))
-
-
-def _harmless_matches(rule: _internals.HarmlessRule, args: tuple[Any, ...], caller: FrameType, kind: Kind) -> bool:
-    if rule.caller_internal and kind == Kind.USER:
-        return False
-    if rule.caller_modules and not module_in(caller, rule.caller_modules, rule.caller_prefixes):
-        return False
-    if rule.caller_functions and caller.f_code.co_name not in rule.caller_functions:
-        return False
-    if rule.arg0_prefixes or rule.arg0_stdlib:
-        arg0 = args[0] if args else None
-        if not isinstance(arg0, str):
-            return False
-        if rule.arg0_prefixes and not arg0.startswith(rule.arg0_prefixes):
-            return False
-        if rule.arg0_stdlib and arg0.partition(".")[0] not in _STDLIB_MODULES:
-            return False
-    return True
+# The kinds as plain ints for the walk: reading an enum member is a class
+# attribute look-up, comparing with a local int is not.
+_USER, _LOOP, _AIOCOP, _IMPORTLIB = int(Kind.USER), int(Kind.LOOP), int(Kind.AIOCOP), int(Kind.IMPORTLIB)
 
 
 def _summarize(args: tuple[Any, ...]) -> tuple[Any, ...]:
     # Never keep a large buffer alive until delivery: keep its size instead.
-    for arg in args:
-        if isinstance(arg, _BUFFER_TYPES):
-            return tuple(BufferSummary(len(a)) if isinstance(a, _BUFFER_TYPES) else a for a in args)
-    return args
+    return tuple(BufferSummary(len(a)) if isinstance(a, _BUFFER_TYPES) else a for a in args)
 
 
 class BufferSummary:
@@ -440,15 +388,12 @@ class BufferSummary:
 def _schedule(group: StepGroup, loop: AbstractEventLoop, state: _ThreadState) -> None:
     # One delivery callback per loop iteration, not per step: the first step
     # with a blocking call schedules it, later ones in the same iteration join
-    # its batch (call_soon'd callbacks run in the next iteration, after them).
-    unclaimed[group] = group
+    # its batch (call_soon'd callbacks run in the next iteration, after them;
+    # _capture appends them to `state.pending` itself).
     pending = state.pending
     # A batch of another loop is stale: that loop stopped before its delivery
     # callback ran (loops that raise no start/stop event never reset it).
     if pending is not None:
-        if pending[0].loop is loop:
-            pending.append(group)
-            return
         stale = [g for g in pending if g in unclaimed]
         if stale and orphan_handler is not None:
             orphan_handler(stale)  # delivered off the loop, now rather than at exit
@@ -471,7 +416,7 @@ def _on_loop_boundary() -> None:
     # A loop is starting or stopping on this thread; either way it is not the
     # running loop (yet, or any more). The event fires before the hooks change:
     # if they are still a loop's, that loop is stopping.
-    state = thread_state
+    state = current_state()
     firstiter = sys.get_asyncgen_hooks().firstiter
     stopping = isinstance(getattr(firstiter, "__self__", None), AbstractEventLoop)
     # For loops written in C, the frame that called into the loop is the
@@ -485,6 +430,7 @@ def _on_loop_boundary() -> None:
         while frame is not None and frame.f_globals.get("__name__", "").startswith("aiocop."):
             frame = frame.f_back
         state.base_frame = frame
+        state.thread_name = threading.current_thread().name
     state.group = None
     state.pending = None
     # Hand any group whose delivery callback may never run (its loop stopped
@@ -508,7 +454,7 @@ def claim(group: StepGroup) -> bool:
 
 def reset_current_step() -> None:
     """Forget the blocking calls recorded so far in the current step of this thread."""
-    group = thread_state.group
+    group = current_state().group
     if group is not None and not group.t_end:
         group.records.clear()
         group.dropped = 0

@@ -74,10 +74,12 @@ class HarmlessRule:
     arg0_stdlib: bool = False
     debug_loop_only: bool = False
     caller_prefixes: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    inside_prefixes: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # `"pkg."` prefixes, so that the hook tests submodules with one startswith().
         object.__setattr__(self, "caller_prefixes", tuple(m + "." for m in self.caller_modules))
+        object.__setattr__(self, "inside_prefixes", tuple(m + "." for m in self.inside_modules))
 
 
 HARMLESS: tuple[HarmlessRule, ...] = (

@@ -9,9 +9,9 @@ rounds (medians reported), like run_benchmark.py:
 - `baseline`: no aiocop;
 - `inert`: detection started, then `aiocop.deactivate()`: the wrappers run
   and raise their audit event, the hook exits at its first dict miss;
-- `capture`: detection active, and the delivery callback runs and claims
-  each step, but builds no event and runs no callback: the hook's slow path
-  and the delivery's bookkeeping;
+- `capture`: detection active with no callback registered: the delivery
+  claims each step but builds no event: the hook's slow path and the
+  delivery's bookkeeping;
 - `full`: detection active with a counting callback, as in the suite.
 
 The differences give the cost of each layer. A last process runs `full`
@@ -37,16 +37,9 @@ from typing import Any
 VARIANTS = ("baseline", "inert", "capture", "full")
 # (module, attribute): the internals timed in the instrumented run, outermost first.
 INSTRUMENTED = (
-    ("_hook", "_record"),
-    ("_hook", "_walk_step"),
-    ("_hook", "_is_allowed"),
-    ("_hook", "_trace"),
-    ("_hook", "StepGroup"),
-    ("_hook", "_schedule"),
-    ("_delivery", "_flush"),
-    ("_delivery", "deliver_now"),
+    ("_hook", "_capture"),
+    ("_delivery", "_claim"),
     ("_delivery", "build_event"),
-    ("_callbacks", "capture_context"),
     ("_callbacks", "invoke_callbacks"),
 )
 BATCH = 1000
@@ -69,19 +62,23 @@ def _setup(variant: str, counter: list[int]) -> None:
     if variant == "baseline":
         return
     import aiocop
-    from aiocop import _delivery, _hook
+    from aiocop import _delivery
 
     aiocop.start_blocking_io_detection(trace_depth=5)
     aiocop.register_slow_task_callback(lambda event: counter.__setitem__(0, counter[0] + 1))
     if variant == "inert":
         aiocop.deactivate()
     elif variant == "capture":
+        # No callback: the delivery claims each step and builds no event.
+        aiocop.clear_slow_task_callbacks()
+        claim = _delivery._claim
 
-        def count_only(group: Any) -> None:
-            counter[0] += 1
+        def count_claimed(batch: Any) -> Any:
+            claimed = claim(batch)
+            counter[0] += len(claimed)
+            return claimed
 
-        _delivery.deliver_now = count_only
-    del _hook
+        _delivery._claim = count_claimed
 
 
 def _instrument() -> dict[str, list[int]]:

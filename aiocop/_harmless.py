@@ -1,0 +1,98 @@
+"""Matching blocking calls against the known-harmless internals (`_internals.HARMLESS`).
+
+Runs in the hook for every detected call on a loop, so the part of a rule
+that depends only on the event and on the caller's module is decided once per
+(event, module) pair and cached: for nearly every call that leaves no rule in
+play, and the hook moves on after two dict look-ups. The rest of a rule (the
+caller's function, the arguments, the modules further down the stack, the
+loop's debug mode) is checked per call, for the few rules left.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from aiocop import _frames
+from aiocop._frames import Kind
+from aiocop._internals import HARMLESS, HarmlessRule
+
+if TYPE_CHECKING:
+    from asyncio import AbstractEventLoop
+    from types import FrameType
+
+_STDLIB_MODULES: frozenset[str] = frozenset(getattr(sys, "stdlib_module_names", ()))
+
+# event -> caller's module name -> the rules that event and module leave in play.
+in_play: dict[str, dict[object, tuple[HarmlessRule, ...]]] = {}
+
+
+def rules_in_play(event: str, caller_module: object, caller_kind: int) -> tuple[HarmlessRule, ...]:
+    """The rules whose event and caller-module conditions the call meets (cached).
+
+    A frame's kind is a function of its module name (see `_frames.frame_kind`),
+    so the pair (event, module name) decides these conditions.
+    """
+    by_module = in_play.get(event)
+    if by_module is None:
+        by_module = in_play[event] = {}
+    rules = by_module.get(caller_module)
+    if rules is None:
+        rules = by_module[caller_module] = tuple(
+            rule
+            for rule in HARMLESS
+            if (not rule.event or event in rule.event) and _caller_module_matches(rule, caller_module, caller_kind)
+        )
+    return rules
+
+
+def _caller_module_matches(rule: HarmlessRule, module: object, kind: int) -> bool:
+    if rule.caller_internal and kind == Kind.USER:
+        return False
+    return not rule.caller_modules or module_in(module, rule.caller_modules, rule.caller_prefixes)
+
+
+def module_in(module: object, modules: tuple[str, ...], prefixes: tuple[str, ...]) -> bool:
+    """Whether `module` is one of `modules` or below one of `prefixes` (`"pkg."`)."""
+    return isinstance(module, str) and (module in modules or module.startswith(prefixes))
+
+
+def any_matches(
+    rules: tuple[HarmlessRule, ...],
+    args: tuple[Any, ...],
+    frames: list[FrameType],
+    loop: AbstractEventLoop,
+) -> bool:
+    """Whether one of `rules` (from `rules_in_play`) matches the call in full."""
+    for rule in rules:
+        # Reading f_code is an audit event of its own: only for rules that need it.
+        if rule.caller_functions and frames[0].f_code.co_name not in rule.caller_functions:
+            continue
+        if (rule.arg0_prefixes or rule.arg0_stdlib) and not _arg0_matches(rule, args):
+            continue
+        if rule.inside_modules and not _inside(rule, frames):
+            continue
+        if rule.debug_loop_only and not loop.get_debug():
+            continue
+        return True
+    return False
+
+
+def _arg0_matches(rule: HarmlessRule, args: tuple[Any, ...]) -> bool:
+    arg0 = args[0] if args else None
+    if not isinstance(arg0, str):
+        return False
+    if rule.arg0_prefixes and not arg0.startswith(rule.arg0_prefixes):
+        return False
+    return not rule.arg0_stdlib or arg0.partition(".")[0] in _STDLIB_MODULES
+
+
+def _inside(rule: HarmlessRule, frames: list[FrameType]) -> bool:
+    # Any frame below the user's: the call went through one of these modules.
+    for frame in frames:
+        module = frame.f_globals.get("__name__")
+        if _frames.frame_kind(frame) == Kind.USER:
+            return False
+        if module_in(module, rule.inside_modules, rule.inside_prefixes):
+            return True
+    return False
