@@ -10,64 +10,151 @@ aiocop.detect_slow_tasks(threshold_ms=30, on_slow_task=print)
 
 from __future__ import annotations
 
-from aiocop._allow import (
-    AllowRule,
-    add_allow_rule,
-    allow_blocking,
-    clear_allow_rules,
-    get_allow_rules,
-    remove_allow_rule,
-)
-from aiocop._api import (
-    activate,
-    deactivate,
-    detect_slow_tasks,
-    disable_raise_on_violations,
-    enable_raise_on_violations,
-    get_slow_task_threshold_ms,
-    is_cpu_sampling_started,
-    is_monitored,
-    is_monitoring_active,
-    is_raise_on_violations_enabled,
-    monitored,
-    raise_on_violations,
-    register_blocking_event,
-    reset_blocking_event_table,
-    reset_blocking_events,
-    start_blocking_io_detection,
-    start_cpu_sampling,
-    stop,
-    unregister_blocking_event,
-)
-from aiocop._callbacks import (
-    ContextProvider,
-    SlowTaskCallback,
-    clear_context_providers,
-    clear_slow_task_callbacks,
-    register_context_provider,
-    register_slow_task_callback,
-    unregister_context_provider,
-    unregister_slow_task_callback,
-)
-from aiocop._delivery import format_blocking_event
-from aiocop._events import BlockingEventInfo, CpuStackSample, RawBlockingEvent, SlowTaskEvent
-from aiocop._exceptions import HighSeverityBlockingIoException
-from aiocop._logging import LoggingCallback, log_events
-from aiocop._rules import BLOCKING_CALLS, BlockingCall, get_blocking_events_dict
-from aiocop._severity import (
-    THRESHOLD_HIGH,
-    THRESHOLD_LOW,
-    THRESHOLD_MEDIUM,
-    WEIGHT_HEAVY,
-    WEIGHT_LIGHT,
-    WEIGHT_MODERATE,
-    WEIGHT_TRIVIAL,
-    IoSeverityLevel,
-    calculate_io_severity_score,
-    get_severity_level_from_score,
-)
+from importlib import import_module as _import_module
+
 from aiocop._version import __version__
-from aiocop._wrappers import get_patched_functions, patch_audit_functions
+
+# Not `from typing import TYPE_CHECKING`: importing typing would be most of
+# what `import aiocop` costs (type checkers know this name by itself).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from aiocop._allow import (
+        AllowRule,
+        add_allow_rule,
+        allow_blocking,
+        clear_allow_rules,
+        get_allow_rules,
+        remove_allow_rule,
+    )
+    from aiocop._api import (
+        activate,
+        deactivate,
+        detect_slow_tasks,
+        disable_raise_on_violations,
+        enable_raise_on_violations,
+        get_slow_task_threshold_ms,
+        is_cpu_sampling_started,
+        is_monitored,
+        is_monitoring_active,
+        is_raise_on_violations_enabled,
+        monitored,
+        raise_on_violations,
+        register_blocking_event,
+        reset_blocking_event_table,
+        reset_blocking_events,
+        start_blocking_io_detection,
+        start_cpu_sampling,
+        stop,
+        unregister_blocking_event,
+    )
+    from aiocop._callbacks import (
+        ContextProvider,
+        SlowTaskCallback,
+        clear_context_providers,
+        clear_slow_task_callbacks,
+        register_context_provider,
+        register_slow_task_callback,
+        unregister_context_provider,
+        unregister_slow_task_callback,
+    )
+    from aiocop._delivery import format_blocking_event
+    from aiocop._events import BlockingEventInfo, CpuStackSample, RawBlockingEvent, SlowTaskEvent
+    from aiocop._exceptions import HighSeverityBlockingIoException
+    from aiocop._logging import LoggingCallback, log_events
+    from aiocop._rules import BLOCKING_CALLS, BlockingCall, get_blocking_events_dict
+    from aiocop._severity import (
+        THRESHOLD_HIGH,
+        THRESHOLD_LOW,
+        THRESHOLD_MEDIUM,
+        WEIGHT_HEAVY,
+        WEIGHT_LIGHT,
+        WEIGHT_MODERATE,
+        WEIGHT_TRIVIAL,
+        IoSeverityLevel,
+        calculate_io_severity_score,
+        get_severity_level_from_score,
+    )
+    from aiocop._wrappers import get_patched_functions, patch_audit_functions
+del TYPE_CHECKING  # not a public name
+
+# Importing aiocop costs almost nothing until a name is used (PEP 562): the
+# pytest plugin, installed with aiocop and loaded by every pytest run, must
+# not load the detector when it is switched off. Each public name is imported
+# from the module that defines it on first access, then kept here.
+_LAZY: dict[str, str] = {
+    "AllowRule": "aiocop._allow",
+    "add_allow_rule": "aiocop._allow",
+    "allow_blocking": "aiocop._allow",
+    "clear_allow_rules": "aiocop._allow",
+    "get_allow_rules": "aiocop._allow",
+    "remove_allow_rule": "aiocop._allow",
+    "activate": "aiocop._api",
+    "deactivate": "aiocop._api",
+    "detect_slow_tasks": "aiocop._api",
+    "disable_raise_on_violations": "aiocop._api",
+    "enable_raise_on_violations": "aiocop._api",
+    "get_slow_task_threshold_ms": "aiocop._api",
+    "is_cpu_sampling_started": "aiocop._api",
+    "is_monitored": "aiocop._api",
+    "is_monitoring_active": "aiocop._api",
+    "is_raise_on_violations_enabled": "aiocop._api",
+    "monitored": "aiocop._api",
+    "raise_on_violations": "aiocop._api",
+    "register_blocking_event": "aiocop._api",
+    "reset_blocking_event_table": "aiocop._api",
+    "reset_blocking_events": "aiocop._api",
+    "start_blocking_io_detection": "aiocop._api",
+    "start_cpu_sampling": "aiocop._api",
+    "stop": "aiocop._api",
+    "unregister_blocking_event": "aiocop._api",
+    "ContextProvider": "aiocop._callbacks",
+    "SlowTaskCallback": "aiocop._callbacks",
+    "clear_context_providers": "aiocop._callbacks",
+    "clear_slow_task_callbacks": "aiocop._callbacks",
+    "register_context_provider": "aiocop._callbacks",
+    "register_slow_task_callback": "aiocop._callbacks",
+    "unregister_context_provider": "aiocop._callbacks",
+    "unregister_slow_task_callback": "aiocop._callbacks",
+    "format_blocking_event": "aiocop._delivery",
+    "BlockingEventInfo": "aiocop._events",
+    "CpuStackSample": "aiocop._events",
+    "RawBlockingEvent": "aiocop._events",
+    "SlowTaskEvent": "aiocop._events",
+    "HighSeverityBlockingIoException": "aiocop._exceptions",
+    "LoggingCallback": "aiocop._logging",
+    "log_events": "aiocop._logging",
+    "BLOCKING_CALLS": "aiocop._rules",
+    "BlockingCall": "aiocop._rules",
+    "get_blocking_events_dict": "aiocop._rules",
+    "THRESHOLD_HIGH": "aiocop._severity",
+    "THRESHOLD_LOW": "aiocop._severity",
+    "THRESHOLD_MEDIUM": "aiocop._severity",
+    "WEIGHT_HEAVY": "aiocop._severity",
+    "WEIGHT_LIGHT": "aiocop._severity",
+    "WEIGHT_MODERATE": "aiocop._severity",
+    "WEIGHT_TRIVIAL": "aiocop._severity",
+    "IoSeverityLevel": "aiocop._severity",
+    "calculate_io_severity_score": "aiocop._severity",
+    "get_severity_level_from_score": "aiocop._severity",
+    "get_patched_functions": "aiocop._wrappers",
+    "patch_audit_functions": "aiocop._wrappers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aiocop' has no attribute {name!r}")
+    value = getattr(_import_module(module), name)
+    globals()[name] = value  # later look-ups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "BLOCKING_CALLS",

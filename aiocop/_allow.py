@@ -8,12 +8,14 @@ decorator whose rules follow the context into tasks created inside it).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiocop._rules import live_weights
 from aiocop._scope import ContextVarScope
+from aiocop._validate import F, check_decorated
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -46,18 +48,7 @@ class AllowRule:
     _site_func: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.events, str):
-            raise TypeError("AllowRule.events must be a collection of event names, not a string")
-        object.__setattr__(self, "events", frozenset(self.events))
-        known = live_weights()
-        for event in self.events:
-            if not isinstance(event, str):
-                raise TypeError(f"AllowRule event names must be strings, not {event!r}")
-            if event not in known:
-                raise ValueError(
-                    f"unknown event {event!r} in allow rule; known events are listed by "
-                    "aiocop.get_blocking_events_dict(), add your own with aiocop.register_blocking_event()"
-                )
+        object.__setattr__(self, "events", _check_events(self.events))
         for name in ("module", "path", "call_site"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -97,6 +88,25 @@ class AllowRule:
         return any(self.matches_frame(frame) for frame in frames)
 
 
+def _check_events(events: object) -> frozenset[str]:
+    if isinstance(events, str) or not isinstance(events, Iterable):
+        raise TypeError(
+            f"events must be a collection of event names, not {type(events).__name__}: {events!r}"
+            + (f" (write ({events!r},) for one name)" if isinstance(events, str) else "")
+        )
+    names = list(events)
+    known = live_weights()
+    for event in names:
+        if not isinstance(event, str):
+            raise TypeError(f"events must be event names (strings), not {type(event).__name__}: {event!r}")
+        if event not in known:
+            raise ValueError(
+                f"unknown event {event!r} in allow rule; known events are listed by "
+                "aiocop.get_blocking_events_dict(), add your own with aiocop.register_blocking_event()"
+            )
+    return frozenset(names)
+
+
 _global_rules: tuple[AllowRule, ...] = ()
 scoped_rules: ContextVar[tuple[AllowRule, ...]] = ContextVar("aiocop_allow_rules", default=())
 
@@ -113,14 +123,22 @@ def add_allow_rule(
     Pass an `AllowRule`, or the fields of one: `add_allow_rule("open",
     module="myapp.templates")`. Returns the rule, for `remove_allow_rule`.
     Added in 2.0.
+
+    Args:
+        events: Event names, or one `AllowRule` (then nothing else); none means any event.
+        module: A module name; its submodules match too.
+        path: A file path prefix, e.g. `"/app/vendor/"`.
+        call_site: `"file.py:function"`: a frame of that function in a file whose path ends with `file.py`.
     """
     global _global_rules
     if len(events) == 1 and isinstance(events[0], AllowRule):
+        if module is not None or path is not None or call_site is not None:
+            raise TypeError("add_allow_rule takes either one AllowRule or the fields of one, not both")
         rule = events[0]
     else:
         if any(isinstance(e, AllowRule) for e in events):
             raise TypeError("add_allow_rule takes either one AllowRule or event names")
-        rule = AllowRule(frozenset(events), module, path, call_site)  # type: ignore[arg-type]
+        rule = AllowRule(_check_events(events), module, path, call_site)
     _global_rules = (*_global_rules, rule)
     return rule
 
@@ -128,6 +146,8 @@ def add_allow_rule(
 def remove_allow_rule(rule: AllowRule) -> None:
     """Remove a rule added by `add_allow_rule`. Added in 2.0."""
     global _global_rules
+    if not isinstance(rule, AllowRule):
+        raise TypeError(f"rule must be an AllowRule (as add_allow_rule returns), not {type(rule).__name__}: {rule!r}")
     _global_rules = tuple(r for r in _global_rules if r is not rule)
 
 
@@ -155,13 +175,27 @@ class allow_blocking(ContextVarScope[tuple[AllowRule, ...]]):  # noqa: N801 - re
 
     With no argument at all every blocking call is allowed. Tasks created
     inside the scope inherit it. Added in 2.0.
+
+    Args:
+        events: Event names; none means any event.
+        module: A module name; its submodules match too.
+        path: A file path prefix, e.g. `"/app/vendor/"`.
+        call_site: `"file.py:function"`: a frame of that function in a file whose path ends with `file.py`.
     """
 
     def __init__(
         self, *events: str, module: str | None = None, path: str | None = None, call_site: str | None = None
     ) -> None:
+        if len(events) == 1 and callable(events[0]):
+            raise TypeError(
+                "events must be event names, not a function: decorate with @aiocop.allow_blocking(), "
+                "not @aiocop.allow_blocking"
+            )
         super().__init__(scoped_rules)
-        self.rule = AllowRule(frozenset(events), module, path, call_site)
+        self.rule = AllowRule(_check_events(events), module, path, call_site)
 
     def _value(self) -> tuple[AllowRule, ...]:
         return (*scoped_rules.get(), self.rule)
+
+    def __call__(self, func: F) -> F:
+        return super().__call__(check_decorated("allow_blocking()", func))

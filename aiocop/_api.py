@@ -10,27 +10,12 @@ from aiocop import _callbacks, _delivery, _hook, _loops, _rules, _state, _watchd
 from aiocop._scope import ContextVarScope
 from aiocop._severity import level_threshold
 from aiocop._state import Delivery
+from aiocop._validate import F, check_bool, check_callable, check_decorated, check_int, check_ms, check_name
 
 if TYPE_CHECKING:
     from aiocop._callbacks import SlowTaskCallback
 
 logger = logging.getLogger("aiocop")
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}: {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, not {value!r}")
-    return value
-
-
-def _check_ms(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of milliseconds, not {type(value).__name__}: {value!r}")
-    if not value > 0:  # also rejects NaN
-        raise ValueError(f"{name} must be > 0, not {value!r}")
-    return float(value)
 
 
 def start_blocking_io_detection(
@@ -55,12 +40,17 @@ def start_blocking_io_detection(
         max_events_per_step: Blocking calls kept per step; more are counted in
             `SlowTaskEvent.dropped_events`. Added in 2.0.
     """
-    config = _state.config
-    config.trace_depth = _check_int("trace_depth", trace_depth, 1)
-    if delivery not in get_args(Delivery):
+    # Every argument is checked before anything changes: a bad call leaves
+    # the configuration as it was.
+    depth = check_int("trace_depth", trace_depth, 1)
+    if not isinstance(delivery, str) or delivery not in get_args(Delivery):
         raise ValueError(f"delivery must be 'loop' or 'thread', not {delivery!r}")
+    check_bool("patch", patch)
+    max_events = check_int("max_events_per_step", max_events_per_step, 1)
+    config = _state.config
+    config.trace_depth = depth
     config.delivery = delivery
-    config.max_events_per_step = _check_int("max_events_per_step", max_events_per_step, 1)
+    config.max_events_per_step = max_events
     if patch and not _wrappers.get_patched_functions():
         _wrappers.patch_audit_functions()
     _hook.install()
@@ -88,9 +78,11 @@ def detect_slow_tasks(
         cpu_sampling: Start the watchdog with default settings if
             `start_cpu_sampling()` has not started it.
     """
-    if not isinstance(cpu_sampling, bool):
-        raise TypeError(f"cpu_sampling must be a bool, not {cpu_sampling!r}")
-    _state.config.threshold_ms = _check_ms("threshold_ms", threshold_ms)
+    check_bool("cpu_sampling", cpu_sampling)
+    threshold = check_ms("threshold_ms", threshold_ms)
+    if on_slow_task is not None:
+        check_callable("on_slow_task", on_slow_task, 1)
+    _state.config.threshold_ms = threshold
     if on_slow_task is not None:
         _callbacks.register_slow_task_callback(on_slow_task)
     if cpu_sampling and not _watchdog.watchdog.running:
@@ -119,12 +111,17 @@ def start_cpu_sampling(
         max_samples_per_slice: Samples kept per stall.
         trace_depth: Frames kept per sample.
     """
+    interval = check_ms("interval_ms", interval_ms)
+    arm_after = None if arm_after_ms is None else check_ms("arm_after_ms", arm_after_ms)
+    idle_interval = None if idle_interval_ms is None else check_ms("idle_interval_ms", idle_interval_ms)
+    max_samples = check_int("max_samples_per_slice", max_samples_per_slice, 1)
+    depth = check_int("trace_depth", trace_depth, 1)
     sampling = _watchdog.sampling
-    sampling.interval_ms = _check_ms("interval_ms", interval_ms)
-    sampling.arm_after_ms = None if arm_after_ms is None else _check_ms("arm_after_ms", arm_after_ms)
-    sampling.idle_interval_ms = None if idle_interval_ms is None else _check_ms("idle_interval_ms", idle_interval_ms)
-    sampling.max_samples_per_slice = _check_int("max_samples_per_slice", max_samples_per_slice, 1)
-    sampling.trace_depth = _check_int("trace_depth", trace_depth, 1)
+    sampling.interval_ms = interval
+    sampling.arm_after_ms = arm_after
+    sampling.idle_interval_ms = idle_interval
+    sampling.max_samples_per_slice = max_samples
+    sampling.trace_depth = depth
     _start_watchdog()
 
 
@@ -145,8 +142,10 @@ def get_slow_task_threshold_ms() -> float:
 
 
 def stop() -> None:
-    """Uninstall detection: restore wrapped functions, make the hook inert, end
-    the watchdog thread and deliver any pending events. Start again with
+    """Uninstall detection and deliver the events still pending.
+
+    Restores the wrapped functions, makes the audit hook inert (audit hooks
+    cannot be removed) and ends the watchdog thread. Start again with
     `start_blocking_io_detection()` / `detect_slow_tasks()`. Added in 2.0.
     """
     _state.started = False
@@ -180,12 +179,17 @@ def enable_raise_on_violations(level: str = "high") -> None:
 
     The exception is raised at the call that brings the step's severity to
     `level`, before the call runs, inside the task that made it. Tasks created
-    afterwards from this context inherit the setting.
+    afterwards from this context inherit the setting (the on/off switch is a
+    context variable).
 
     Args:
         level: `"high"` (default, as in 1.x), `"medium"` or `"low"` (any
-            blocking call with a weight). Added in 2.0.
+            blocking call with a weight). The level is process-wide: it
+            applies to every context that raises, `raise_on_violations()`
+            scopes included. Added in 2.0.
     """
+    if not isinstance(level, str):
+        raise TypeError(f"level must be 'high', 'medium' or 'low', not {type(level).__name__}: {level!r}")
     _state.config.raise_min_score = level_threshold(level)
     _state.raise_on_violations.set(True)
 
@@ -207,6 +211,9 @@ class raise_on_violations(ContextVarScope[bool]):  # noqa: N801 - 1.x name
     with aiocop.raise_on_violations():
         await handler()
     ```
+
+    It raises at the level last given to `enable_raise_on_violations()`
+    (`"high"` by default).
     """
 
     def __init__(self) -> None:
@@ -214,6 +221,9 @@ class raise_on_violations(ContextVarScope[bool]):  # noqa: N801 - 1.x name
 
     def _value(self) -> bool:
         return True
+
+    def __call__(self, func: F) -> F:
+        return super().__call__(check_decorated("raise_on_violations()", func))
 
 
 class monitored(ContextVarScope[bool]):  # noqa: N801 - reads as an adjective, like a flag
@@ -237,13 +247,19 @@ class monitored(ContextVarScope[bool]):  # noqa: N801 - reads as an adjective, l
     """
 
     def __init__(self, enabled: bool = True) -> None:
-        if not isinstance(enabled, bool):
-            raise TypeError(f"enabled must be a bool, not {type(enabled).__name__}: {enabled!r}")
+        if callable(enabled):
+            raise TypeError(
+                "enabled must be a bool, not a function: decorate with @aiocop.monitored(), not @aiocop.monitored"
+            )
+        check_bool("enabled", enabled)
         super().__init__(_state.monitored)
         self.enabled = enabled
 
     def _value(self) -> bool:
         return self.enabled
+
+    def __call__(self, func: F) -> F:
+        return super().__call__(check_decorated("monitored()", func))
 
     def _on_enter(self) -> tuple[asyncio.Task[object], bool | None] | None:
         # Remember the setting per task as well: on 3.10 and 3.11 the watchdog
@@ -295,14 +311,14 @@ def register_blocking_event(event: str, weight: int = 10) -> None:
 
     Added in 2.0.
     """
-    if not isinstance(event, str) or not event:
-        raise TypeError(f"event must be a non-empty string, not {event!r}")
-    _rules.live_weights()[event] = _check_int("weight", weight, 0)
+    check_name("event", event)
+    _rules.live_weights()[event] = check_int("weight", weight, 0)
     _hook.rebuild()
 
 
 def unregister_blocking_event(event: str) -> None:
     """Stop detecting an event; raises `KeyError` if it is not detected. Added in 2.0."""
+    check_name("event", event)
     weights = _rules.live_weights()
     if event not in weights:
         raise KeyError(f"{event!r} is not a detected event; see aiocop.get_blocking_events_dict()")

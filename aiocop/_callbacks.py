@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import logging
+from asyncio import _get_running_loop as get_running_loop
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
+from aiocop import _state
 from aiocop._events import SlowTaskEvent
+from aiocop._validate import check_callable
 
 SlowTaskCallback = Callable[[SlowTaskEvent], None]
+"""A function called with each `SlowTaskEvent` (`register_slow_task_callback`)."""
 ContextProvider = Callable[[], "dict[str, Any] | None"]
+"""A function whose dict is merged into `SlowTaskEvent.context` (`register_context_provider`)."""
 
 logger = logging.getLogger("aiocop")
 
@@ -19,15 +25,10 @@ _callbacks: tuple[SlowTaskCallback, ...] = ()
 _providers: tuple[ContextProvider, ...] = ()
 
 
-def _check_callable(value: object, what: str) -> None:
-    if not callable(value):
-        raise TypeError(f"{what} must be callable, not {type(value).__name__}: {value!r}")
-
-
 def register_slow_task_callback(callback: SlowTaskCallback) -> None:
     """Call `callback(event)` for every `SlowTaskEvent` (registering twice is a no-op)."""
     global _callbacks
-    _check_callable(callback, "callback")
+    check_callable("callback", callback, 1)
     if callback not in _callbacks:
         _callbacks = (*_callbacks, callback)
 
@@ -36,6 +37,7 @@ def unregister_slow_task_callback(callback: SlowTaskCallback) -> None:
     """Stop calling a callback registered with `register_slow_task_callback`."""
     global _callbacks
     _callbacks = tuple(c for c in _callbacks if c != callback)
+    _forget_removed()
 
 
 def registered() -> tuple[SlowTaskCallback, ...]:
@@ -47,6 +49,7 @@ def clear_slow_task_callbacks() -> None:
     """Unregister every slow-task callback."""
     global _callbacks
     _callbacks = ()
+    _forget_removed()
 
 
 def register_context_provider(provider: ContextProvider) -> None:
@@ -58,7 +61,7 @@ def register_context_provider(provider: ContextProvider) -> None:
     offending request's.
     """
     global _providers
-    _check_callable(provider, "context provider")
+    check_callable("provider", provider, 0)
     if provider not in _providers:
         _providers = (*_providers, provider)
 
@@ -67,33 +70,84 @@ def unregister_context_provider(provider: ContextProvider) -> None:
     """Remove a context provider."""
     global _providers
     _providers = tuple(p for p in _providers if p != provider)
+    _forget_removed()
 
 
 def clear_context_providers() -> None:
     """Remove every context provider."""
     global _providers
     _providers = ()
+    _forget_removed()
 
 
 def _name(func: object) -> str:
     return getattr(func, "__qualname__", None) or repr(func)
 
 
+# Callbacks and providers whose failure (or slowness) has been logged: each is
+# logged once, with its traceback; a callback that fails on every event must
+# not flood the logs. Compared by identity (some callables are not hashable).
+_logged: list[tuple[str, object]] = []
+
+
+def _first_time(what: str, func: object) -> bool:
+    if any(kind == what and f is func for kind, f in _logged):
+        return False
+    _logged.append((what, func))
+    return True
+
+
+def _forget_removed() -> None:
+    # Registered again later, a callback is logged afresh.
+    registered = (*_callbacks, *_providers)
+    _logged[:] = [(kind, f) for kind, f in _logged if any(f is r for r in registered)]
+
+
+def _warn_slow(func: object, what: str, elapsed_ms: float) -> None:
+    if get_running_loop() is not None and _first_time("slow", func):
+        logger.warning(
+            "aiocop: %s %s ran for %.0f ms on the event loop's thread, holding the loop (aiocop runs it there "
+            "after each offending step); make it faster, or deliver events off the loop with "
+            "aiocop.start_blocking_io_detection(delivery='thread'). Logged once.",
+            what,
+            _name(func),
+            elapsed_ms,
+        )
+
+
+# Each provider and callback is timed (to warn about a slow one), with the
+# comparison inline: these loops run once per event, on the loop's thread.
+
+
 def capture_context() -> dict[str, Any]:
     context: dict[str, Any] = {}
     for provider in _providers:
+        start = perf_counter()
         try:
             value = provider()
             if value is not None:
                 context.update(value)
         except Exception:
-            logger.exception("aiocop: context provider %s raised (ignored)", _name(provider))
+            if _first_time("error", provider):
+                logger.exception(
+                    "aiocop: context provider %s raised (ignored; its later errors are not logged)", _name(provider)
+                )
+        elapsed_ms = (perf_counter() - start) * 1000.0
+        if elapsed_ms >= _state.config.threshold_ms:
+            _warn_slow(provider, "context provider", elapsed_ms)
     return context
 
 
 def invoke_callbacks(event: SlowTaskEvent) -> None:
     for callback in _callbacks:
+        start = perf_counter()
         try:
             callback(event)
         except Exception:
-            logger.exception("aiocop: slow-task callback %s raised (ignored)", _name(callback))
+            if _first_time("error", callback):
+                logger.exception(
+                    "aiocop: slow-task callback %s raised (ignored; its later errors are not logged)", _name(callback)
+                )
+        elapsed_ms = (perf_counter() - start) * 1000.0
+        if elapsed_ms >= _state.config.threshold_ms:
+            _warn_slow(callback, "slow-task callback", elapsed_ms)

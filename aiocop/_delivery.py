@@ -112,6 +112,11 @@ def format_blocking_event(raw_event: RawBlockingEvent) -> BlockingEventInfo:
         raw_event: A `RawBlockingEvent` (event name, raw arguments, raw stack
             of `(filename, lineno, function)` tuples innermost first, ...).
     """
+    if not isinstance(raw_event, dict):
+        raise TypeError(f"raw_event must be a RawBlockingEvent dict, not {type(raw_event).__name__}")
+    missing = [key for key in RawBlockingEvent.__annotations__ if key not in raw_event]
+    if missing:
+        raise TypeError(f"raw_event lacks the RawBlockingEvent key(s) {missing}")
     args = raw_event["raw_args"]
     if len(args) == 2 and isinstance(args[0], tuple) and isinstance(args[1], dict):
         args = args[0]  # 1.x wrappers passed (args, kwargs)

@@ -81,7 +81,9 @@ class SlowTaskEvent:
             include other callbacks that were ready in the same loop
             iteration). It does not include the part of the step before the
             first blocking call, which aiocop cannot see without wrapping
-            every callback.
+            every callback. For `"cpu_blocking"` events (stalls seen by the
+            watchdog): how long the step held the loop, estimated from the
+            watchdog's polls.
         threshold_ms: The slow-task threshold in force (`detect_slow_tasks`).
         exceeded_threshold: `elapsed_ms >= threshold_ms`.
         severity_score: Sum of the weights of `blocking_events`.

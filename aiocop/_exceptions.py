@@ -14,6 +14,14 @@ class HighSeverityBlockingIoException(Exception):  # noqa: N818 - public 1.x nam
     The exception is raised by aiocop's audit hook before the blocking call
     proceeds, so it surfaces at the offending line inside the task (or
     callback) that made it; other tasks and the loop are not affected.
+
+    Attributes:
+        severity_score: The step's score, this call included.
+        severity_level: `"low"`, `"medium"` or `"high"`.
+        elapsed_ms: Time from the step's first blocking call to this one.
+        threshold_ms: The slow-task threshold in force.
+        events: The step's blocking calls so far, formatted; the one that
+            raised has `raised` set.
     """
 
     def __init__(

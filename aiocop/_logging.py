@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiocop import _callbacks
 from aiocop._report import STALL, call_site, describe, to_record
+from aiocop._validate import check_callable, check_int, check_number
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -58,16 +59,9 @@ class CallSiteLimiter:
     def __init__(
         self, interval_s: float = 60.0, max_sites: int = 10_000, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)):
-            raise TypeError(f"repeat_interval_s must be a number of seconds, not {type(interval_s).__name__}")
-        if not interval_s >= 0:  # also rejects NaN
-            raise ValueError(f"repeat_interval_s must be >= 0, not {interval_s!r}")
-        if isinstance(max_sites, bool) or not isinstance(max_sites, int):
-            raise TypeError(f"max_sites must be an int, not {type(max_sites).__name__}")
-        if max_sites < 1:
-            raise ValueError(f"max_sites must be >= 1, not {max_sites!r}")
-        self.interval_s = float(interval_s)
-        self.max_sites = max_sites
+        self.interval_s = check_number("repeat_interval_s", interval_s, "seconds", allow_zero=True)
+        self.max_sites = check_int("max_sites", max_sites, 1)
+        check_callable("clock", clock, 0)
         self._clock = clock
         self._sites: OrderedDict[tuple[str, str], _Site] = OrderedDict()
         self._lock = threading.Lock()
@@ -115,6 +109,11 @@ class LoggingCallback:
     `repeat_interval_s`, as one line with the count they stand for. Every
     entry carries the event as plain data in `record.aiocop` (see
     `logging.LogRecord` "extra"), for JSON formatters.
+
+    Args:
+        logger: A `logging.Logger`, a logger name, or `None` for `"aiocop.events"`.
+        level: The level of the entries, as a number or a name (`"WARNING"`).
+        repeat_interval_s: At most one entry per call site in this many seconds after its first.
     """
 
     def __init__(
@@ -159,7 +158,11 @@ def _check_level(level: object) -> int:
         value = logging.getLevelName(level.upper())
         if isinstance(value, int):
             return value
-    elif isinstance(level, int) and not isinstance(level, bool):
+    elif isinstance(level, bool) or not isinstance(level, int):
+        raise TypeError(
+            f"level must be a logging level such as logging.WARNING or 'warning', not {type(level).__name__}: {level!r}"
+        )
+    elif level >= 0:
         return level
     raise ValueError(f"level must be a logging level such as logging.WARNING or 'warning', not {level!r}")
 

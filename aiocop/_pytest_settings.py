@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
-from aiocop._allow import AllowRule
-
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from aiocop._allow import AllowRule
 
 LEVELS = ("low", "medium", "high")
 DEFAULT_TRACE_DEPTH = 20
@@ -247,8 +247,11 @@ def make_rule(events: list[Any] | tuple[Any, ...], fields: dict[str, Any], rootp
         # from the project root. Keep a trailing separator: it means "under".
         trailing = os.sep if path.endswith(("/", os.sep)) else ""
         path = os.path.normpath(os.path.join(str(rootpath), path)) + trailing
+    # Imported here: with no rule to make (the plugin switched off), the plugin loads no part of the detector.
+    from aiocop._allow import AllowRule  # noqa: PLC0415
+
     try:
-        return AllowRule(frozenset(events), fields.get("module"), path, fields.get("call_site"))
+        return AllowRule(tuple(events), fields.get("module"), path, fields.get("call_site"))  # type: ignore[arg-type]
     except TypeError as exc:
         raise ValueError(str(exc)) from None
 

@@ -26,10 +26,15 @@ class BlockingCall:
     """One detected call: the audit event, its weight and where it comes from."""
 
     event: str
+    """The audit event's name, e.g. `"os.stat"`."""
     weight: int
+    """What one such call adds to its step's severity score (see `WEIGHT_HEAVY` and co.)."""
     category: str
+    """A group for the docs: `"sleep"`, `"wait"`, `"network"`, `"file"`, ..."""
     source: Source
+    """`"native"`: CPython raises the event; `"wrapper"`: aiocop wraps the function to raise it."""
     description: str
+    """What the event stands for, in a few words."""
     condition: Condition = "always"
     """`"blocking_socket"`: only when the socket (first argument) is in blocking mode;
     `"positive_delay"`: only when the first argument is a delay above zero."""
@@ -159,6 +164,7 @@ BLOCKING_CALLS: tuple[BlockingCall, ...] = (
     BlockingCall("syslog.openlog", L, "misc", "native", "syslog.openlog()"),
     BlockingCall("webbrowser.open", H, "misc", "native", "webbrowser.open()"),
 )
+"""Every call aiocop detects by default, with its weight: the rules table ("Detected calls" in the docs)."""
 
 del H, M, L, T
 

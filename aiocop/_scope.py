@@ -37,7 +37,7 @@ class ContextVarScope(Generic[T]):
         return None
 
     def _on_exit(self, entered: Any) -> None:
-        """Run on exit, before the variable is reset."""
+        """Run on exit, once the variable is reset."""
 
     def __enter__(self) -> ContextVarScope[T]:
         token = self._var.set(self._value())
@@ -45,10 +45,25 @@ class ContextVarScope(Generic[T]):
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        *outer, (token, entered) = _entered.get()
-        _entered.set(tuple(outer))
+        stack = _entered.get()
+        try:
+            if not stack:
+                raise ValueError("no scope entered in this context")
+            # The innermost entry: this scope's, unless scopes are left out of
+            # order, which only tasks sharing one context do (veloxloop copies
+            # no context into its tasks). Leaving the innermost first still
+            # restores everything once all are left.
+            token, entered = stack[-1]
+            self._var.reset(token)  # ValueError if entered in another context (a task's copy)
+        except ValueError:
+            # Left where it was not entered: in another task, or never
+            # entered. Nothing is changed.
+            raise RuntimeError(
+                f"{type(self).__name__} scope left where it was not entered: leave each scope in the task "
+                "(and the block) that entered it, innermost first"
+            ) from None
+        _entered.set(stack[:-1])
         self._on_exit(entered)
-        self._var.reset(token)
 
     def __call__(self, func: F) -> F:
         if inspect.iscoroutinefunction(func):

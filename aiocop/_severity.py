@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Literal
 
 IoSeverityLevel = Literal["low", "medium", "high"]
+"""A step's severity level, from its score (`get_severity_level_from_score`)."""
 
 WEIGHT_HEAVY = 50
 """Network, DNS, subprocesses, sleeps and waits: one is enough for "high"."""
@@ -19,8 +18,11 @@ WEIGHT_TRIVIAL = 0
 """Calls that are reported but do not count towards the severity score."""
 
 THRESHOLD_HIGH = 50
+"""The smallest score of a "high" step."""
 THRESHOLD_MEDIUM = 10
+"""The smallest score of a "medium" step."""
 THRESHOLD_LOW = 1
+"""The smallest score of a "low" step with any weighted call (below it: trivial calls only)."""
 
 _LEVEL_RANK: dict[str, int] = {"low": 0, "medium": 1, "high": 2}
 
@@ -36,10 +38,17 @@ def calculate_io_severity_score(blocking_events: Iterable[Mapping[str, object]] 
     Returns:
         The total score; `0` for `None` or no events.
     """
-    if not blocking_events:
+    if blocking_events is None:
         return 0
+    if isinstance(blocking_events, (str, bytes)) or not isinstance(blocking_events, Iterable):
+        raise TypeError(
+            "blocking_events must be a list of blocking events (SlowTaskEvent.blocking_events), "
+            f"not {type(blocking_events).__name__}: {blocking_events!r}"
+        )
     total = 0
     for event in blocking_events:
+        if not isinstance(event, Mapping):
+            raise TypeError(f"blocking_events must hold BlockingEventInfo dicts, not {type(event).__name__}: {event!r}")
         weight = event.get("severity")
         total += weight if isinstance(weight, int) else WEIGHT_MODERATE
     return total
@@ -47,11 +56,20 @@ def calculate_io_severity_score(blocking_events: Iterable[Mapping[str, object]] 
 
 def get_severity_level_from_score(score: int) -> IoSeverityLevel:
     """Map a severity score to `"high"` (>= 50), `"medium"` (>= 10) or `"low"`."""
+    if type(score) is not int:  # the common case first: aiocop's own scores are ints
+        _check_score(score)
     if score >= THRESHOLD_HIGH:
         return "high"
     if score >= THRESHOLD_MEDIUM:
         return "medium"
     return "low"
+
+
+def _check_score(score: object) -> None:
+    if isinstance(score, bool) or not isinstance(score, (int, float)):
+        raise TypeError(f"score must be a number (a severity score), not {type(score).__name__}: {score!r}")
+    if score != score:  # NaN  # noqa: PLR0124 - the NaN test
+        raise ValueError("score must be a number, not NaN")
 
 
 def level_threshold(level: str) -> int:

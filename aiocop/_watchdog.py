@@ -531,16 +531,24 @@ def step_of(frame: FrameType, watch: LoopWatch) -> tuple[object, FrameType, Fram
                 if role == "core":
                     return None
                 if role == "dispatch":
-                    if root is None:
+                    if root is None or _is_own(root):
                         return None
                     # asyncio's Handle._run is a new frame for every callback and
                     # task step: the best step identity there is.
                     return (f if f.f_globals.get("__name__") == "asyncio.events" else root), root, innermost
         if f is base:
-            return (root, root, innermost) if root is not None else None
+            return (root, root, innermost) if root is not None and not _is_own(root) else None
         root = f
         f = f.f_back
     return None  # no edge found: the loop is not running on this thread any more
+
+
+def _is_own(root: FrameType) -> bool:
+    # aiocop's own step: a delivery, running the slow-task callbacks. A slow
+    # callback is not the application's stall (aiocop warns about it once,
+    # see _callbacks); reported, its report would run the callback again, and
+    # stall again, for ever.
+    return _frames.frame_kind(root) == Kind.AIOCOP
 
 
 def _sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float) -> None:

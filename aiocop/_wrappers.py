@@ -326,7 +326,12 @@ def patch_audit_functions(exclude: Iterable[str] = ()) -> None:
     """
     if isinstance(exclude, str):
         raise TypeError("exclude must be a collection of target names, not a string")
-    excluded = set(exclude)
+    try:
+        excluded = set(exclude)
+    except TypeError:
+        raise TypeError(f"exclude must be a collection of target names, not {type(exclude).__name__}") from None
+    if not all(isinstance(name, str) for name in excluded):
+        raise TypeError(f"exclude must hold target names (strings), not {sorted(map(repr, excluded))}")
     unknown = excluded - {t.name for t in PATCH_TARGETS}
     if unknown:
         raise ValueError(f"unknown patch target(s) {sorted(unknown)}; see aiocop.get_patched_functions()")
@@ -352,11 +357,12 @@ def patch_audit_functions(exclude: Iterable[str] = ()) -> None:
 
 def unpatch_audit_functions() -> None:
     """Restore every function `patch_audit_functions` wrapped."""
+    left: list[str] = []  # replaced by another tool since: not ours to restore
     while _applied:
         patch = _applied.pop()
         owner, attr = patch.owner, patch.target.attr
         if getattr(owner, attr, None) is not patch.wrapper:
-            logger.warning("aiocop: %s was re-patched by someone else; leaving it alone", patch.target.name)
+            left.append(patch.target.name)
             continue
         if isinstance(owner, type):
             if patch.own_attr:
@@ -365,6 +371,15 @@ def unpatch_audit_functions() -> None:
                 _typepatch.del_type_attr(owner, attr)
         else:
             setattr(owner, attr, patch.original)
+    if left:
+        # One line, however many: another tool (blockbuster, an APM agent)
+        # usually puts back all of its own functions at once.
+        logger.warning(
+            "aiocop: %d wrapped function(s) were replaced by another tool since aiocop wrapped them, and are "
+            "left as that tool set them: %s",
+            len(left),
+            ", ".join(sorted(left)),
+        )
 
 
 def get_patched_functions() -> list[str]:

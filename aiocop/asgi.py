@@ -38,6 +38,7 @@ from typing import Any
 
 from aiocop import _callbacks, _state
 from aiocop._api import monitored
+from aiocop._validate import check_callable
 
 __all__ = [
     "ASGIApp",
@@ -183,8 +184,11 @@ class AiocopMiddleware:
     ) -> None:
         if not callable(app):
             raise TypeError(f"app must be an ASGI application (a callable), not {type(app).__name__}: {app!r}")
+        check_callable("app (an ASGI 3 application: app(scope, receive, send))", app, 3)
         if sampler is not None and not callable(sampler):
             raise TypeError(f"sampler must be callable or None, not {type(sampler).__name__}: {sampler!r}")
+        if sampler is not None:
+            check_callable("sampler", sampler, 1)
         self.app = app
         self._rate = _check_sample_rate(sample_rate)
         self._sampler = sampler

@@ -25,16 +25,29 @@ import pytest
 
 import aiocop
 from aiocop import _pytest_settings
-from aiocop._pytest_events import EventLog, Recorder, failing, message
 
 if TYPE_CHECKING:
     from collections.abc import Generator
 
     from aiocop._allow import AllowRule
     from aiocop._events import SlowTaskEvent
+    from aiocop._pytest_events import EventLog, Recorder
     from aiocop._pytest_settings import Settings
 
 __all__ = ["EventLog"]
+
+
+# Every pytest run loads this plugin (the pytest11 entry point). Switched off,
+# it must cost next to nothing: the detector and the event log
+# (`aiocop._pytest_events`, which loads the whole detector) are imported only
+# once a session turns the plugin on, or someone reads `EventLog`.
+def __getattr__(name: str) -> Any:
+    if name == "EventLog":
+        from aiocop._pytest_events import EventLog
+
+        return EventLog
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 PHASES = ("setup", "call", "teardown")
 
@@ -47,8 +60,10 @@ class _Session:
     """Detection for one pytest session: started at configure, stopped at unconfigure."""
 
     def __init__(self, settings: Settings) -> None:
+        from aiocop._pytest_events import Recorder
+
         self.settings = settings
-        self.recorder = Recorder()
+        self.recorder: Recorder = Recorder()
 
     def start(self) -> None:
         settings = self.settings
@@ -179,7 +194,7 @@ def _watch(item: pytest.Item, phase: str) -> Generator[None, object, object]:
         # what blocked, beside the traceback.
         bad = _failing(state, phase, settings) if state.checked(phase) else []
         if bad:
-            item.add_report_section(phase, "aiocop", message(bad, phase, settings.fail_on, settings.threshold_ms))
+            item.add_report_section(phase, "aiocop", _message(bad, phase, settings.fail_on, settings.threshold_ms))
         raise
     finally:
         if phase == "teardown":
@@ -188,11 +203,19 @@ def _watch(item: pytest.Item, phase: str) -> Generator[None, object, object]:
     if state.checked(phase):
         bad = _failing(state, phase, settings)
         if bad:
-            pytest.fail(message(bad, phase, settings.fail_on, settings.threshold_ms), pytrace=False)
+            pytest.fail(_message(bad, phase, settings.fail_on, settings.threshold_ms), pytrace=False)
     return result
 
 
+def _message(bad: list[SlowTaskEvent], phase: str, fail_on: str, threshold_ms: float | None) -> str:
+    from aiocop._pytest_events import message
+
+    return message(bad, phase, fail_on, threshold_ms)
+
+
 def _failing(state: _TestState, phase: str, settings: Settings) -> list[SlowTaskEvent]:
+    from aiocop._pytest_events import failing  # loaded with the session: no cost here
+
     return failing(
         state.events[phase], settings.fail_on, settings.threshold_ms is not None, (*settings.allow, *state.rules)
     )
@@ -213,5 +236,7 @@ def aiocop_events(request: pytest.FixtureRequest) -> EventLog:
             "or set aiocop = true in the ini file",
             pytrace=False,
         )
+    from aiocop._pytest_events import EventLog
+
     state.log_requested = True
     return EventLog(state.events["call"])

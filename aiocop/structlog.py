@@ -39,6 +39,11 @@ class StructlogCallback:
     A call site's first event carries the full `trace`; later ones are
     logged at most once per `repeat_interval_s`, with `repeated`: the number
     of its events not logged since.
+
+    Args:
+        logger: A structlog logger, or `None` for `structlog.get_logger("aiocop")`.
+        level: The method the entries are logged with: `"debug"`, `"info"`, `"warning"`, ...
+        repeat_interval_s: At most one entry per call site in this many seconds after its first.
     """
 
     def __init__(
@@ -48,6 +53,8 @@ class StructlogCallback:
         level: str = "warning",
         repeat_interval_s: float = 60.0,
     ) -> None:
+        if not isinstance(level, str):
+            raise TypeError(f"level must be one of {', '.join(_LEVELS)}, not {type(level).__name__}: {level!r}")
         if level not in _LEVELS:
             raise ValueError(f"level must be one of {', '.join(_LEVELS)}, not {level!r}")
         if logger is not None and not callable(getattr(logger, level, None)):

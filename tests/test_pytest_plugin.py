@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.pytester_args import QUIET
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -27,7 +29,7 @@ asyncio_default_fixture_loop_scope = function
 
 def run(pytester: pytest.Pytester, *args: str, ini: str = "") -> pytest.RunResult:
     pytester.makeini(BASE_INI + textwrap.dedent(ini))
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", *args, timeout=120)
+    return pytester.runpytest_subprocess(*QUIET, "-rA", *args, timeout=120)
 
 
 def outcomes(result: pytest.RunResult) -> dict[str, set[str]]:

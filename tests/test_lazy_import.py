@@ -1,0 +1,85 @@
+"""`import aiocop` is lazy (PEP 562): the detector loads on first use.
+
+The pytest plugin, loaded by every pytest run, never loads it while switched off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import aiocop
+from tests.pytester_args import QUIET
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Modules that make up the detector: none is needed to import aiocop or to load the plugin switched off.
+DETECTOR = ("aiocop._hook", "aiocop._delivery", "aiocop._watchdog", "aiocop._wrappers", "aiocop._loops", "aiocop._api")
+
+
+def fresh(code: str) -> dict[str, object]:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        cwd=ROOT,
+        check=True,
+    )
+    return json.loads(result.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_import_aiocop_loads_no_detector_module() -> None:
+    out = fresh("""
+        import json, sys
+        import aiocop
+        print(json.dumps({"loaded": sorted(m for m in sys.modules if m.startswith("aiocop"))}))
+    """)
+    assert not set(out["loaded"]) & set(DETECTOR), out  # type: ignore[arg-type]
+
+
+def test_every_public_name_imports_from_a_fresh_interpreter() -> None:
+    out = fresh("""
+        import json
+        names = {}
+        import aiocop
+        for name in aiocop.__all__:
+            exec(f"from aiocop import {name}", names)
+        print(json.dumps({"imported": sorted(k for k in names if not k.startswith("__")), "dir": dir(aiocop)}))
+    """)
+    public = [n for n in aiocop.__all__ if not n.startswith("__")]
+    assert out["imported"] == sorted(public)
+    assert set(aiocop.__all__) <= set(out["dir"])  # type: ignore[arg-type]
+
+
+def test_the_lazy_table_matches_all() -> None:
+    assert {*aiocop._LAZY, "__version__"} == set(aiocop.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        aiocop.no_such_name
+
+
+def test_pytest_plugin_switched_off_loads_no_detector_module(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import json, sys
+
+        def test_modules():
+            loaded = sorted(m for m in sys.modules if m.startswith("aiocop"))
+            print("LOADED", json.dumps(loaded))
+        """
+    )
+    result = pytester.runpytest_subprocess("-s", *QUIET)
+    result.assert_outcomes(passed=1)
+    line = next(line for line in result.outlines if "LOADED" in line)
+    loaded = json.loads(line.split("LOADED", 1)[1])
+    assert "aiocop.pytest_plugin" in loaded  # the plugin is there...
+    assert not set(loaded) & set(DETECTOR), loaded  # ...and the detector is not
+    result = pytester.runpytest_subprocess("-s", *QUIET, "--aiocop")
+    result.assert_outcomes(passed=1)
+    line = next(line for line in result.outlines if "LOADED" in line)
+    assert set(DETECTOR) <= set(json.loads(line.split("LOADED", 1)[1]))  # switched on, it is
