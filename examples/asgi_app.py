@@ -47,11 +47,13 @@ def log_event(event: aiocop.SlowTaskEvent) -> None:
 # --8<-- [end:log_event]
 
 
+# --8<-- [start:setup]
 # At import, not under `if __name__ == "__main__"`: the server imports this
 # module in each worker process, and each must start detection itself.
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 aiocop.start_blocking_io_detection()
 aiocop.detect_slow_tasks(threshold_ms=30, on_slow_task=log_event)
+# --8<-- [end:setup]
 
 
 # --- the application: plain ASGI, no framework ------------------------------
@@ -99,6 +101,7 @@ async def plain_app(scope: Scope, receive: Receive, send: Send) -> None:
 # --- aiocop: which requests to watch -----------------------------------------
 
 
+# --8<-- [start:sampler]
 def sampler(scope: Scope) -> bool | None:
     path: str = scope["path"]
     if path.startswith("/admin/"):
@@ -113,3 +116,4 @@ app = AiocopMiddleware(
     sample_rate=float(os.environ.get("AIOCOP_SAMPLE_RATE", "0.1")),
     sampler=sampler,
 )
+# --8<-- [end:sampler]

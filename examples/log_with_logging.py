@@ -13,9 +13,11 @@ import aiocop
 
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
 
+# --8<-- [start:setup]
 aiocop.start_blocking_io_detection()
 aiocop.detect_slow_tasks(threshold_ms=50)
 aiocop.log_events(repeat_interval_s=0.2)  # one line: logger "aiocop.events", level WARNING
+# --8<-- [end:setup]
 
 
 async def handle(request_id: int) -> int:

@@ -18,9 +18,11 @@ structlog.configure(processors=[structlog.processors.add_log_level, structlog.pr
 
 request_path: contextvars.ContextVar[str] = contextvars.ContextVar("request_path", default="-")
 
+# --8<-- [start:setup]
 aiocop.start_blocking_io_detection()
 aiocop.register_context_provider(lambda: {"http_path": request_path.get()})
 aiocop.structlog.log_events()  # first entry per call site in full, then counts
+# --8<-- [end:setup]
 
 
 async def handle(path: str) -> bool:

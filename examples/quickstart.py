@@ -10,6 +10,7 @@ from pathlib import Path
 import aiocop
 
 
+# --8<-- [start:setup]
 def report(event: aiocop.SlowTaskEvent) -> None:
     for call in event.blocking_events:
         print(f"{event.severity_level}: {call['event']} at {call['entry_point']}")
@@ -19,6 +20,7 @@ def report(event: aiocop.SlowTaskEvent) -> None:
 
 aiocop.start_blocking_io_detection()  # once, at start-up: before any loop exists is fine
 aiocop.detect_slow_tasks(threshold_ms=30, on_slow_task=report)
+# --8<-- [end:setup]
 
 
 async def handler() -> int:

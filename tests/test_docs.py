@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from aiocop import _docs
+from aiocop import _docs, _docs_options
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -16,6 +16,13 @@ def test_detected_calls_page_is_up_to_date() -> None:
     page = ROOT / "docs" / "reference" / "detected-calls.md"
     assert page.read_text(encoding="utf-8") == _docs.render(), (
         "regenerate with: python -m aiocop._docs > docs/reference/detected-calls.md"
+    )
+
+
+def test_options_page_is_up_to_date() -> None:
+    page = ROOT / "docs" / "reference" / "options.md"
+    assert page.read_text(encoding="utf-8") == _docs_options.render(), (
+        "regenerate with: python -m aiocop._docs_options > docs/reference/options.md"
     )
 
 

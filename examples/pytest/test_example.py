@@ -44,10 +44,14 @@ def settings_file(tmp_path: Path) -> Path:
     return path
 
 
+# --8<-- [start:failing]
 @pytest.mark.asyncio
 async def test_load_settings_blocking(settings_file: Path) -> None:
     settings = await load_settings_blocking(settings_file)  # fails under --aiocop
     assert settings["debug"] is True
+
+
+# --8<-- [end:failing]
 
 
 @pytest.mark.asyncio

@@ -1,0 +1,320 @@
+"""Renders the "Options" docs page from the code: signatures, docstrings, the pytest and CLI parsers.
+
+`python -m aiocop._docs_options > docs/reference/options.md` regenerates it;
+a test checks the committed page matches, so the page is never edited by hand.
+Imports pytest and structlog (both in the `dev` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import logging
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import aiocop
+import aiocop.asgi
+import aiocop.structlog
+from aiocop import _cli, _pytest_settings, pytest_plugin
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+# The configuring callables of the Python API, in the order a user meets them:
+# (what the page calls it, the object, its anchor on the API reference page).
+API: tuple[tuple[str, Callable[..., Any], str], ...] = (
+    ("aiocop.start_blocking_io_detection", aiocop.start_blocking_io_detection, "api.md"),
+    ("aiocop.detect_slow_tasks", aiocop.detect_slow_tasks, "api.md"),
+    ("aiocop.start_cpu_sampling", aiocop.start_cpu_sampling, "api.md"),
+    ("aiocop.patch_audit_functions", aiocop.patch_audit_functions, "api.md"),
+    ("aiocop.enable_raise_on_violations", aiocop.enable_raise_on_violations, "api.md"),
+    ("aiocop.monitored", aiocop.monitored, "api.md"),
+    ("aiocop.AllowRule", aiocop.AllowRule, "api.md"),
+    ("aiocop.add_allow_rule", aiocop.add_allow_rule, "api.md"),
+    ("aiocop.allow_blocking", aiocop.allow_blocking, "api.md"),
+    ("aiocop.register_blocking_event", aiocop.register_blocking_event, "api.md"),
+    ("aiocop.log_events", aiocop.log_events, "api.md"),
+    ("aiocop.structlog.log_events", aiocop.structlog.log_events, "api-integrations.md"),
+)
+ASGI = ("aiocop.asgi.AiocopMiddleware", aiocop.asgi.AiocopMiddleware, "api-integrations.md")
+
+# Public types whose parameters are data fields, not options, and the callback
+# classes that the `log_events()` functions build with the same arguments (the
+# test that every option is on the page skips them).
+DATA_TYPES = frozenset(
+    {
+        "BlockingCall",
+        "BlockingEventInfo",
+        "CpuStackSample",
+        "HighSeverityBlockingIoException",
+        "LoggingCallback",
+        "RawBlockingEvent",
+        "RequestInfo",
+        "SlowTaskEvent",
+        "StructlogCallback",
+    }
+)
+
+# Where a docstring has no `Args:` entry for a parameter: the allow-rule
+# helpers take the fields of `AllowRule`, documented on the class.
+_ALLOW_FIELDS = ("events", "module", "path", "call_site")
+_ENTRY = re.compile(r"^(\*{0,2}\w+)(?: \([^)]*\))?:\s*(.*)$")
+
+
+def docstring_entries(obj: object, section: str) -> dict[str, str]:
+    """The `name: text` entries of a Google-style docstring section ("Args", "Attributes"), one line each."""
+    doc = inspect.getdoc(obj) or ""
+    entries: dict[str, str] = {}
+    inside, current = False, None
+    for line in doc.splitlines():
+        if not line.startswith(" "):
+            inside = line.strip() == f"{section}:"
+            current = None
+            continue
+        if not inside:
+            continue
+        text = line[4:]
+        match = _ENTRY.match(text) if not text.startswith(" ") else None
+        if match:
+            current = match.group(1).lstrip("*")
+            entries[current] = match.group(2)
+        elif current is not None and text.strip():
+            entries[current] += " " + text.strip()
+    return entries
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _describe(name: str, obj: object, parameter: str) -> str:
+    for section in ("Args", "Attributes"):
+        entries = docstring_entries(obj, section)
+        if parameter in entries:
+            return entries[parameter]
+    if parameter in _ALLOW_FIELDS:
+        return docstring_entries(aiocop.AllowRule, "Attributes")[parameter]
+    raise LookupError(f"{name}: parameter {parameter!r} has no description in its docstring")
+
+
+def _value(parameter: inspect.Parameter) -> str:
+    value = parameter.default
+    if parameter.name == "level" and isinstance(value, int) and not isinstance(value, bool):
+        return f"logging.{logging.getLevelName(value)}"  # a logging level: by its name, as one writes it
+    return repr(value)
+
+
+def _signature(name: str, obj: Callable[..., Any]) -> str:
+    parts: list[str] = []
+    star = False
+    for parameter in inspect.signature(obj).parameters.values():
+        if parameter.kind is parameter.KEYWORD_ONLY and not star:
+            parts.append("*")
+            star = True
+        if parameter.kind is parameter.VAR_POSITIONAL:
+            parts.append(f"*{parameter.name}")
+            star = True
+        elif parameter.default is parameter.empty:
+            parts.append(parameter.name)
+        else:
+            parts.append(f"{parameter.name}={_value(parameter)}")
+    return f"{name}({', '.join(parts)})"
+
+
+def _default(parameter: inspect.Parameter) -> str:
+    if parameter.kind is parameter.VAR_POSITIONAL:
+        return "none"
+    if parameter.default is parameter.empty:
+        return "required"
+    return f"`{_value(parameter)}`"
+
+
+def _callable_section(name: str, obj: Callable[..., Any], page: str) -> list[str]:
+    lines = [
+        f"### `{name}`",
+        "",
+        "```python",
+        _signature(name, obj),
+        "```",
+        "",
+        f"[API reference]({page}#{name})",
+        "",
+        "| argument | default | meaning |",
+        "| --- | --- | --- |",
+    ]
+    for parameter in inspect.signature(obj).parameters.values():
+        star = "*" if parameter.kind is parameter.VAR_POSITIONAL else ""
+        description = _describe(name, obj, parameter.name)
+        lines.append(f"| `{star}{parameter.name}` | {_default(parameter)} | {_cell(description)} |")
+    return [*lines, ""]
+
+
+# --- pytest: the plugin's own option registration, recorded ---------------------------
+
+
+@dataclass
+class _Option:
+    flags: list[str]
+    dest: str
+    metavar: str | None
+    help: str
+
+
+@dataclass
+class _Ini:
+    name: str
+    default: object
+    help: str
+
+
+@dataclass
+class _Recorder:
+    """Stands in for pytest's parser: records what `add_options` registers."""
+
+    options: list[_Option] = field(default_factory=list)
+    inis: list[_Ini] = field(default_factory=list)
+
+    def getgroup(self, name: str, description: str = "") -> _Recorder:
+        return self
+
+    def addoption(self, *flags: str, **kwargs: Any) -> None:
+        self.options.append(_Option(list(flags), kwargs["dest"], kwargs.get("metavar"), kwargs.get("help", "")))
+
+    def addini(self, name: str, help: str, type: str | None = None, default: object = None) -> None:
+        self.inis.append(_Ini(name, default, help))
+
+
+_INI_NOTE = re.compile(r"\s*\((?:default [^;)]*; )?ini: [^)]*\)")
+
+
+def _ini_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "`true`" if value else "`false`"
+    if value == []:
+        return "none"
+    return f"`{value}`"
+
+
+def _pytest_section() -> list[str]:
+    recorder = _Recorder()
+    _pytest_settings.add_options(recorder)  # type: ignore[arg-type] # duck-typed: only the calls it makes
+    inis = {ini.name: ini for ini in recorder.inis}
+    flags: dict[str, list[_Option]] = {}
+    for option in recorder.options:
+        flags.setdefault(option.dest, []).append(option)
+    lines = [
+        "## pytest plugin",
+        "",
+        "Every option is a command-line flag and an ini key (in `[tool.pytest.ini_options]`, `pytest.ini`,",
+        "`tox.ini` or `setup.cfg`); the flag wins. See [pytest in CI](../how-to/pytest.md).",
+        "",
+        "| flag | ini key | default | meaning |",
+        "| --- | --- | --- | --- |",
+    ]
+    for dest, options in flags.items():
+        shown = " / ".join(
+            f"`{flag}={option.metavar}`" if option.metavar else f"`{flag}`"
+            for option in options
+            for flag in option.flags
+        )
+        ini = inis.pop(dest)
+        helps = [_INI_NOTE.sub("", option.help) for option in options]
+        meaning = (
+            helps[0]
+            if len(helps) == 1
+            else "; ".join(f"`{o.flags[0]}`: {h}" for o, h in zip(options, helps, strict=True))
+        )
+        lines.append(f"| {shown} | `{ini.name}` | {_ini_value(ini.default)} | {_cell(meaning)} |")
+    if inis:
+        raise LookupError(f"ini keys without a flag: {sorted(inis)}")
+    lines += ["", "### Markers", "", "| marker | meaning |", "| --- | --- |"]
+    for marker in _pytest_settings.MARKERS:
+        signature, _, meaning = marker.partition("): ")
+        lines.append(f"| `@pytest.mark.{signature})` | {_cell(meaning)} |")
+    lines += ["", "### Fixtures", "", "| fixture | gives |", "| --- | --- |"]
+    for fixture in (pytest_plugin.aiocop_events,):
+        doc = inspect.getdoc(fixture) or ""
+        lines.append(f"| `{fixture.__name__}` | {_cell(doc.replace(chr(10) * 2, ' '))} |")
+    return [*lines, ""]
+
+
+# --- the command line ----------------------------------------------------------------------
+
+_DEFAULT_NOTE = re.compile(r"\s*\(default: [^)]*\)")
+
+
+def _cli_default(action: argparse.Action) -> str:
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        return "off"
+    if action.default is None:
+        return "none"
+    return f"`{action.default:g}`" if isinstance(action.default, float) else f"`{action.default}`"
+
+
+def _cli_section() -> list[str]:
+    _, run = _cli.build_parsers()
+    lines = [
+        "## Command line: `python -m aiocop run`",
+        "",
+        "See [the CLI how-to](../how-to/cli.md).",
+        "",
+        "```text",
+        run.format_usage().strip().removeprefix("usage: "),
+        "```",
+        "",
+        "| option | default | meaning |",
+        "| --- | --- | --- |",
+    ]
+    for action in run._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        names = ", ".join(
+            f"`{flag} {action.metavar}`" if action.metavar and action.nargs != 0 else f"`{flag}`"
+            for flag in action.option_strings
+        )
+        lines.append(f"| {names} | {_cli_default(action)} | {_cell(_DEFAULT_NOTE.sub('', action.help or ''))} |")
+    lines += [
+        "",
+        "Everything after the script path (or after `-m module`) is the program's own arguments.",
+        "`python -m aiocop --version` prints aiocop's version.",
+        "",
+        "Exit status: the program's own when it fails; "
+        f"`{_cli.EXIT_FAIL_ON}` when it succeeded but a call site reached the `--fail-on` severity; "
+        f"`{_cli.EXIT_USAGE}` for a usage error; `0` otherwise.",
+        "",
+    ]
+    return lines
+
+
+def render() -> str:
+    lines = [
+        "# Options",
+        "",
+        "<!-- Generated by `python -m aiocop._docs_options` from the signatures and docstrings of the",
+        "     public API, and from the pytest plugin's and the CLI's own option definitions.",
+        "     Do not edit: the test suite checks it is up to date. -->",
+        "",
+        "Every option aiocop has, in one place: the keyword arguments of the Python API, the ASGI",
+        "middleware, the pytest plugin's flags, ini keys, markers and fixture, and the command line.",
+        "aiocop reads no environment variables.",
+        "",
+        "## Python API",
+        "",
+        "Setup functions can be called again to reconfigure. Arguments are checked when the call is",
+        "made: a bad value raises `TypeError` or `ValueError` there, not later inside an event loop.",
+        "",
+    ]
+    for name, obj, page in API:
+        lines += _callable_section(name, obj, page)
+    lines += ["## ASGI middleware", "", "See [web apps](../how-to/asgi.md).", ""]
+    lines += _callable_section(*ASGI)
+    lines += _pytest_section()
+    lines += _cli_section()
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())
