@@ -262,10 +262,11 @@ class monitored(ContextVarScope[bool]):  # noqa: N801 - reads as an adjective, l
         return super().__call__(check_decorated("monitored()", func))
 
     def _on_enter(self) -> tuple[asyncio.Task[object], bool | None] | None:
-        # Remember the setting per task as well: on 3.10 and 3.11 the watchdog
-        # cannot read a task's context from its own thread.
+        # Remember the setting per task as well where the watchdog cannot read
+        # a task's context from its own thread (3.10, 3.11, task types of
+        # their own).
         task = _current_task()
-        if task is None:
+        if task is None or not _state.needs_task_record(task, self.enabled):
             return None
         previous = _state.task_monitored.get(task)
         _state.task_monitored[task] = self.enabled

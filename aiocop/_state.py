@@ -47,3 +47,18 @@ monitored: ContextVar[bool] = ContextVar("aiocop_monitored", default=True)
 # tell a stalled task's setting on 3.10 and 3.11, whose tasks do not expose
 # their context to other threads.
 task_monitored: weakref.WeakKeyDictionary[Task[object], bool] = weakref.WeakKeyDictionary()
+
+
+def needs_task_record(task: object, enabled: bool) -> bool:
+    """Whether a `monitored(enabled)` scope entered by `task` must note its setting in `task_monitored`.
+
+    Called once the scope has set the variable. The watchdog reads a stalled
+    task's setting from its record if it has one, else from the task's own
+    context (`Task.get_context()`, 3.12+; see `_watchdog.StalledTask.of`).
+    Where that context shows the setting and no enclosing scope left a
+    record, none is needed: the scope costs a fraction. A task without
+    `get_context()` (3.10, 3.11), or one that does not run in the context it
+    reports (veloxloop 0.2), needs the record.
+    """
+    get_context = getattr(task, "get_context", None)
+    return get_context is None or get_context().get(monitored, True) is not enabled or task in task_monitored

@@ -222,16 +222,19 @@ class AiocopMiddleware:
             _warn_if_not_set_up()
         if not self._sampled(scope):
             # The fast path, most requests in production: nothing read from
-            # the request, and the cheapest form of monitored(enabled=False).
-            if _reads_task_context():
-                unwatched = _state.monitored.set(False)
-                try:
-                    await self.app(scope, receive, send)
-                finally:
-                    _state.monitored.reset(unwatched)
-            else:
+            # the request, and the cheapest form of monitored(enabled=False):
+            # the variable alone, where the scope would keep no per-task
+            # record for the watchdog either (a fifth of the scope's cost).
+            unwatched = _state.monitored.set(False)
+            if _needs_task_record():
+                _state.monitored.reset(unwatched)
                 with monitored(enabled=False):
                     await self.app(scope, receive, send)
+                return
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                _state.monitored.reset(unwatched)
             return
         info = RequestInfo(
             scope.get("method", "GET") if kind == "http" else "WEBSOCKET",
@@ -292,21 +295,13 @@ class AiocopMiddleware:
         return os.urandom(16).hex()
 
 
-def _reads_task_context() -> bool:
-    """Whether setting the context variable alone does all that `monitored(enabled=False)` would.
-
-    `monitored()` also keeps a per-task record (a weak dictionary entry, most
-    of its 3 µs) for the watchdog, which cannot read the context of a task
-    without `Task.get_context()` (before 3.12, and task types of their own)
-    and otherwise goes by the record. Where the watchdog can read the task's
-    context, and the task has no record of an enclosing scope that would take
-    precedence, the variable alone is enough, at a fifth of the cost.
-    """
+def _needs_task_record() -> bool:
+    # After monitored is set to False: would monitored(enabled=False) keep a record here?
     try:
         task = asyncio.current_task()
     except RuntimeError:  # no asyncio loop (an ASGI server on trio, say): leave it to monitored()
-        return False
-    return task is not None and hasattr(task, "get_context") and task not in _state.task_monitored
+        return True
+    return task is not None and _state.needs_task_record(task, False)
 
 
 def _warn_if_not_set_up() -> None:

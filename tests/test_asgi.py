@@ -159,7 +159,7 @@ def unwatched_form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     """Unsampled requests set the context variable alone when the watchdog can
     read their task's context (3.12+), else use monitored(): test both forms."""
     if request.param == "monitored":
-        monkeypatch.setattr(asgi, "_reads_task_context", lambda: False)
+        monkeypatch.setattr(asgi, "_needs_task_record", lambda: True)
     return request.param  # type: ignore[no-any-return]
 
 
