@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import statistics
 import sys
 import tracemalloc
 import weakref
@@ -109,12 +110,14 @@ def test_soak_memory_flat_and_no_event_lost(detector: Collector, loop_name: str)
     assert counter.worst_kept == MAX_PER_STEP
     bursts = len(range(0, TASKS, BURST_EVERY))
     assert counter.dropped == bursts * (BURST - MAX_PER_STEP)
-    # Memory flat: over the last third of the run it grows by less than a small bound.
-    last = samples[len(samples) * 2 // 3 :]
-    growth = max(last) - last[0]
+    # Memory flat: from the middle third of the run to the last it grows by
+    # less than a small bound. Medians: one sample taken while something was
+    # briefly allocated (a dict resizing, a batch in flight) is not growth.
+    third = len(samples) // 3
+    growth = statistics.median(samples[2 * third :]) - statistics.median(samples[third : 2 * third])
     if os.environ.get("AIOCOP_SOAK_VERBOSE"):
         print(f"\n{loop_name}: {TASKS} tasks, memory samples (KiB): {[s // 1024 for s in samples]}")
-    assert growth < 256 * 1024, f"memory grew by {growth / 1024:.0f} KiB over the last third: {samples}"
+    assert growth < 256 * 1024, f"memory grew by {growth / 1024:.0f} KiB from the middle third to the last: {samples}"
 
 
 class Payload(bytearray):
