@@ -18,10 +18,16 @@ Scenarios: `pure` (`await asyncio.sleep(0)`), `stat` (one `os.stat` per task),
 `stat2` (two in one step: the second one's cost is a call's without the
 step's), `deep` (one `os.stat` three coroutine frames down).
 
+`--audit-cost` measures instead what one audit event costs, the floor
+under every detected call: a `frame.f_code` read and a `sys._getframe()`
+call (each raises an audit event; aiocop makes both for every detected
+call, on top of the call's own), without aiocop and with its hook
+installed.
+
 Instructions are not time: a cache miss or a system call costs far more than
 an instruction. But they follow the Python-level work closely, and the
 difference of two versions of aiocop shows to the hundred instructions. On
-the machine of docs/benchmarks.md, about 7 600 instructions take one µs.
+the machine of docs/benchmarks.md, about 8 000 instructions take one µs.
 Needs valgrind (`apt-get install valgrind`); the run takes a few minutes.
 """
 
@@ -103,6 +109,21 @@ def child(mode: str, scenario: str, loop_name: str, tasks: int) -> None:
         sys.exit(f"{mode}/{scenario}: {delivered[0]} events delivered, expected {expected}")
 
 
+def audit_child(mode: str, what: str, count: int) -> None:
+    if mode != "baseline":
+        import aiocop
+
+        aiocop.start_blocking_io_detection()
+    frame = sys._getframe()
+    getframe = sys._getframe
+    if what == "f_code":
+        for _ in range(count):
+            frame.f_code  # noqa: B018 - the read is the point
+    else:
+        for _ in range(count):
+            getframe()
+
+
 def _instructions(mode: str, scenario: str, loop_name: str, tasks: int) -> int:
     command = [
         "valgrind",
@@ -137,16 +158,28 @@ def main() -> None:
     parser.add_argument("--loop", default="uvloop")
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--tasks", type=int, default=3000)
+    parser.add_argument("--audit-cost", action="store_true", help="the cost of one audit event instead")
     parser.add_argument("--child", nargs=4, metavar=("MODE", "SCENARIO", "LOOP", "TASKS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         mode, scenario, loop_name, tasks = args.child
-        child(mode, scenario, loop_name, int(tasks))
+        if loop_name == "-":
+            audit_child(mode, scenario, int(tasks))
+        else:
+            child(mode, scenario, loop_name, int(tasks))
         return
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (apt-get install valgrind)")
     if args.tasks < BATCH or args.tasks % BATCH:
         sys.exit(f"--tasks must be a positive multiple of {BATCH}")
+    if args.audit_cost:
+        print(f"instructions per audited operation, Python {sys.version.split()[0]} (valgrind)")
+        for what in ("f_code", "getframe"):
+            base, hooked = (per_task(mode, what, "-", 100_000) for mode in ("baseline", "inert"))
+            label = "frame.f_code" if what == "f_code" else "sys._getframe()"
+            extra = hooked - base
+            print(f"{label:16} without aiocop {base:6.0f}, with its hook installed {hooked:6.0f} ({extra:+.0f})")
+        return
     print(f"instructions per task on {args.loop}, Python {sys.version.split()[0]} ({args.tasks} tasks, valgrind)")
     print(f"{'scenario':9} {'baseline':>10} {'inert':>16} {'full':>16}")
     results: dict[str, dict[str, Any]] = {}
@@ -154,7 +187,8 @@ def main() -> None:
         counts = {mode: per_task(mode, scenario, args.loop, args.tasks) for mode in MODES}
         results[scenario] = counts
         base = counts["baseline"]
-        cells = [f"{counts['baseline']:10.0f}"] + [f"{counts[m]:9.0f} ({counts[m] - base:+6.0f})" for m in MODES[1:]]
+        deltas = {m: f"({counts[m] - base:+.0f})" for m in MODES[1:]}
+        cells = [f"{base:10.0f}"] + [f"{counts[m]:9.0f} {deltas[m]:>9}" for m in MODES[1:]]
         print(f"{scenario:9} " + " ".join(cells))
 
 

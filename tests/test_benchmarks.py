@@ -121,3 +121,47 @@ def test_plots_written(quick: tuple[dict[str, Any], Path, str]) -> None:
     assert results["plots"]["files"] == ["pertask_overhead.png", "throughput.png", "scaling.png"]
     for name in results["plots"]["files"]:
         assert (out / name).read_bytes().startswith(b"\x89PNG")
+
+
+INSTRUCTIONS = ROOT / "benchmarks" / "instructions.py"
+
+
+@pytest.mark.parametrize("mode", ["baseline", "inert", "full"])
+def test_instruction_count_programs_check_their_events(mode: str) -> None:
+    # The programs instructions.py runs under valgrind, run here without it:
+    # each exits non-zero unless every blocking call of a full run was
+    # delivered (and none in the other modes).
+    for scenario in ("pure", "stat", "stat2", "deep"):
+        done = subprocess.run(
+            [sys.executable, str(INSTRUCTIONS), "--child", mode, scenario, "uvloop", "500"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, (scenario, done.stderr[-2000:])
+    for what in ("f_code", "getframe"):
+        done = subprocess.run(
+            [sys.executable, str(INSTRUCTIONS), "--child", mode, what, "-", "1000"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, (what, done.stderr[-2000:])
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+@pytest.mark.timeout(120)
+def test_instruction_counts_under_valgrind() -> None:
+    done = subprocess.run(
+        [sys.executable, str(INSTRUCTIONS), "--scenarios", "stat", "--tasks", "500"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("stat "))
+    baseline, inert, _, full, _ = row.split()[1:]
+    assert 0 < int(baseline) < int(inert) < int(full)  # aiocop costs something, detection most
