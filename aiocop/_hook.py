@@ -4,7 +4,8 @@
 is written for speed: an event aiocop does not care about costs one dict miss,
 and a thread that is not running an event loop costs one more C call
 (`asyncio._get_running_loop`, a per-thread slot). Only then does the slow path
-(`_record`) run, on the loop's thread, inside the offending step.
+run (the rest of `audit_hook`, then `_capture`), on the loop's thread, inside
+the offending step.
 
 No event loop method is wrapped. A step's edges are found from the stack: the
 walk from the blocking call stops at the task's coroutine frame, at a Python
