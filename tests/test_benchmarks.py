@@ -165,3 +165,15 @@ def test_instruction_counts_under_valgrind() -> None:
     row = next(line for line in done.stdout.splitlines() if line.startswith("stat "))
     baseline, inert, _, full, _ = row.split()[1:]
     assert 0 < int(baseline) < int(inert) < int(full)  # aiocop costs something, detection most
+
+
+def test_watchdog_busy_cost_runs_and_checks_its_events() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "watchdog_busy_cost.py"), "--rounds", "2", "--tasks", "1000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]  # non-zero if an event was not delivered
+    assert "polling every 2 ms" in done.stdout and "polling every 10 ms" in done.stdout
