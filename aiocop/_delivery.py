@@ -320,25 +320,12 @@ def _flush(batch: list[StepGroup], state: Any) -> None:
     if _state.config.delivery == "thread":
         _worker.submit(claimed)
         return
-    callbacks = _callbacks.registered()
-    if not callbacks:
+    if not _callbacks.registered():
         return  # nobody to tell: no event is built
     origin = _Origin(claimed[0].loop)  # a batch is one loop's
-    if _callbacks._providers:
-        for group in claimed:
-            # Each step's providers and callbacks run in (a copy of) its own context.
-            group.context.run(_deliver, group, origin)
-        return
-    # No providers: the event can be built out here, one Python call less per step.
-    invoke = _callbacks.invoke_callbacks
     for group in claimed:
-        if group.records or group.dropped:  # (reset_blocking_events() may have emptied it)
-            try:
-                event = build_event(group, {}, origin)
-            except Exception:
-                _hook._internal_error("delivering an event")
-                continue
-            group.context.run(invoke, event)
+        # Each step's providers and callbacks run in (a copy of) its own context.
+        group.context.run(_deliver, group, origin)
 
 
 def _claim(batch: list[StepGroup]) -> list[StepGroup]:
