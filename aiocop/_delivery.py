@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import contextvars
 import os
 import threading
 import time
@@ -25,7 +26,6 @@ from aiocop._frames import format_frame, is_internal_file
 from aiocop._severity import get_severity_level_from_score
 
 if TYPE_CHECKING:
-    import contextvars
     from asyncio import AbstractEventLoop
     from collections.abc import Callable
     from types import CodeType
@@ -169,37 +169,34 @@ class _Origin:
 
 
 def _step_fields(
-    origin: _Origin,
-    group_fields: tuple[dict[str, Any], str | None, str, int, int],
-    records: list[Record],
-    raised: Record | None,
-    stall: Stall | None,
-    start: float,
-    end: float,
-    score: int,
-    reason: str,
+    origin: _Origin, group: StepGroup, context: dict[str, Any], task_name: str | None, reason: str
 ) -> dict[str, Any]:
     """An event's fields, computed when one is first read (see `SlowTaskEvent.__getattr__`)."""
-    context, task_name, thread_name, thread_id, dropped = group_fields
-    elapsed_ms = (end - start) * 1000.0
+    stall: Stall | None = group.stall
+    # A CPU-bound stall's start (from the thread's CPU clock) can be earlier
+    # than the first blocking call, and then it is the step's; for a wait,
+    # the call's own timestamp is the better bound.
+    start = group.t_first if stall is None or stall.waiting else min(group.t_first, stall.start)
+    elapsed_ms = (group.t_end - start) * 1000.0
     threshold_ms = origin.threshold_ms
-    events = [format_record(r, origin.wall_offset, r is raised) for r in records]
+    raised = group.raised
+    events = [format_record(r, origin.wall_offset, r is raised) for r in group.records]
     samples = format_samples(stall.samples) if stall is not None else []
     return {
         "elapsed_ms": elapsed_ms,
         "threshold_ms": threshold_ms,
         "exceeded_threshold": elapsed_ms >= threshold_ms,
-        "severity_score": score,
-        "severity_level": get_severity_level_from_score(score),
+        "severity_score": group.score,
+        "severity_level": get_severity_level_from_score(group.score),
         "reason": reason,
         "blocking_events": events,
         "context": context,
         "cpu_stack_samples": samples,
         "task_name": task_name,
-        "thread_name": thread_name,
-        "thread_id": thread_id,
+        "thread_name": group.thread_name,
+        "thread_id": group.thread_id,
         "loop": origin.loop_name(),
-        "dropped_events": dropped,
+        "dropped_events": group.dropped,
         "call_site": events[0]["entry_point"] if events else samples[0]["entry_point"] if samples else "",
         "culprit": stall.culprit() if stall is not None else "",
     }
@@ -207,70 +204,31 @@ def _step_fields(
 
 _new_object = object.__new__
 _set_attribute = object.__setattr__
+_NO_CONTEXT = contextvars.Context()
 
 
-def build_event(
-    group: StepGroup, context: dict[str, Any] | None = None, origin: _Origin | None = None
+def _lazy_event(
+    origin: _Origin, group: StepGroup, context: dict[str, Any], task_name: str | None, reason: str
 ) -> SlowTaskEvent:
-    """The `SlowTaskEvent` of a step, whose fields are computed when first read.
-
-    `origin` is shared by the events of a batch (one loop, one moment).
-    """
-    stall = group.stall
-    # A CPU-bound stall's start (from the thread's CPU clock) can be earlier
-    # than the first blocking call, and then it is the step's; for a wait,
-    # the call's own timestamp is the better bound.
-    start = group.t_first if stall is None or stall.waiting else min(group.t_first, stall.start)
-    task = group.task
     # SlowTaskEvent is a frozen dataclass (as in 1.x): its generated __init__
-    # is skipped. The recipe holds what the fields are made of, not the
-    # group, which holds the step's task, context and loop.
+    # is skipped. The event starts with a recipe for its fields only.
     event = _new_object(SlowTaskEvent)
-    _set_attribute(
-        event,
-        "_resolve",
-        (
-            _step_fields,
-            origin if origin is not None else _Origin(group.loop),
-            (
-                context if context is not None else {},
-                task.get_name() if task is not None else None,
-                group.thread_name,
-                group.thread_id,
-                group.dropped,
-            ),
-            group.records,
-            group.raised,
-            stall,
-            start,
-            group.t_end or perf_counter(),
-            group.score,
-            "io_blocking",
-        ),
-    )
+    _set_attribute(event, "_resolve", (_step_fields, origin, group, context, task_name, reason))
     return event
 
 
 def build_stall_event(stall: Stall, task: Any, context: dict[str, Any]) -> SlowTaskEvent:
-    event = _new_object(SlowTaskEvent)
     watch = stall.watch
-    _set_attribute(
-        event,
-        "_resolve",
-        (
-            _step_fields,
-            _Origin(watch.loop_name),
-            (context, task.get_name() if task is not None else None, watch.thread_name, watch.thread_id, 0),
-            [],
-            None,
-            stall,
-            stall.start,
-            stall.end,
-            0,  # as in 1.x: the score counts intercepted calls only
-            "cpu_blocking",
-        ),
+    group = _new_object(_hook.StepGroup)
+    group.thread_id = watch.thread_id
+    group.thread_name = watch.thread_name
+    group.records = []
+    group.t_first = stall.start
+    group.t_end = stall.end
+    group.stall = stall  # the score stays 0: as in 1.x, it counts intercepted calls only
+    return _lazy_event(
+        _Origin(watch.loop_name), group, context, task.get_name() if task is not None else None, "cpu_blocking"
     )
-    return event
 
 
 def deliver_now(group: StepGroup, origin: _Origin | None = None) -> None:
@@ -278,20 +236,33 @@ def deliver_now(group: StepGroup, origin: _Origin | None = None) -> None:
     state = _hook.current_state()
     was_busy, state.busy = state.busy, True  # a callback's own blocking calls are not reported
     try:
-        _deliver(group, origin)
+        _deliver(group, origin if origin is not None else _Origin(group.loop))
     finally:
         state.busy = was_busy
 
 
-def _deliver(group: StepGroup, origin: _Origin | None) -> None:
-    # deliver_now without the busy flag, which the caller holds.
+def _deliver(group: StepGroup, origin: _Origin) -> None:
+    # deliver_now without the busy flag, which the caller holds. Called once
+    # per group, after the step (group.t_end is set).
     if not group.records and not group.dropped:
         return  # reset_blocking_events() emptied it
+    task = group.task
     try:
-        event = build_event(group, _callbacks.capture_context() if _callbacks._providers else {}, origin)
+        event = _lazy_event(
+            origin,
+            group,
+            _callbacks.capture_context() if _callbacks._providers else {},
+            task.get_name() if task is not None else None,
+            "io_blocking",
+        )
     except Exception:
         _hook._internal_error("delivering an event")
         return
+    finally:
+        # The event keeps the group for its fields: not what the group holds
+        # only to find and run its step (task, context, loop, the key frame).
+        group.task = group.key = group.loop = None
+        group.context = _NO_CONTEXT
     _callbacks.invoke_callbacks(event)
 
 

@@ -186,10 +186,13 @@ class StepGroup:
 
     One is made per step with a blocking call, in `_capture`, which sets
     the fields below directly (an __init__ would cost a second Python call).
-    The fields most steps never change are class-level defaults.
+    The fields most steps never change are class-level defaults. Once
+    delivered, the group is what its event's fields are computed from, and
+    drops what it held only to find and run its step (loop, key and task
+    become None, context an empty one).
     """
 
-    loop: AbstractEventLoop
+    loop: AbstractEventLoop | None
     key: object  # what identifies the step: its task, or a callback's outermost frame
     task: Task[Any] | None
     thread_id: int

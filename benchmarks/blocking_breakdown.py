@@ -39,7 +39,7 @@ VARIANTS = ("baseline", "inert", "capture", "full")
 INSTRUMENTED = (
     ("_hook", "_capture"),
     ("_delivery", "_claim"),
-    ("_delivery", "build_event"),
+    ("_delivery", "_lazy_event"),
     ("_callbacks", "invoke_callbacks"),
 )
 BATCH = 1000

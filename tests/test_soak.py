@@ -12,6 +12,7 @@ never asserted here.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import gc
 import os
 import statistics
@@ -148,3 +149,52 @@ def test_large_arguments_are_not_kept(detector: Collector, loop_name: str, tmp_p
     assert watch() is None, "an event keeps a reference to the 10 MiB argument"
     assert [c["name"] for c in detector.calls] == ["os.write", "myapp.upload"]
     assert detector.calls[1]["args"] == "<10485760 bytes>, bucket"  # its size stands for it
+
+
+class Marker:
+    """Something a task and a context variable hold, watched with a weak reference."""
+
+
+_request: contextvars.ContextVar[Marker | None] = contextvars.ContextVar("request", default=None)
+
+
+def _survivors(loop_name: str) -> list[bool]:
+    """Run a task with one detected call; which of its result, context value, task and loop outlive the run."""
+    result, value = Marker(), Marker()
+    watched = [weakref.ref(result), weakref.ref(value)]
+
+    async def step(answer: Marker) -> Marker:
+        os.getcwd()  # detected
+        await asyncio.sleep(0)
+        return answer
+
+    async def main(answer: Marker, seen: Marker) -> None:
+        _request.set(seen)
+        task = asyncio.ensure_future(step(answer))
+        watched.append(weakref.ref(task))
+        await task
+        watched.append(weakref.ref(asyncio.get_running_loop()))
+
+    run_on(loop_name, main(result, value))
+    del result, value
+    gc.collect()
+    return [ref() is not None for ref in watched]
+
+
+def test_held_events_keep_no_task_context_or_loop_alive(detector: Collector, loop_name: str) -> None:
+    # A callback that keeps its events (as a report or a test collector does)
+    # must not keep the step's task, its result, its context's values or the
+    # loop alive: only what the event's fields are made of. Compared with the
+    # same run whose events are dropped: some loops keep some of these alive
+    # themselves (rloop 0.5 its loop, veloxloop 0.2 the context it shares).
+    aiocop.clear_slow_task_callbacks()
+    aiocop.register_slow_task_callback(lambda event: None)
+    dropped = _survivors(loop_name)
+    if loop_name in ("asyncio", "uvloop"):
+        assert dropped == [False] * 4
+    aiocop.clear_slow_task_callbacks()
+    aiocop.register_slow_task_callback(detector)
+    held = _survivors(loop_name)
+    assert len(detector.events) == 1
+    assert detector.events[0].task_name  # the event still tells which task it was
+    assert held == dropped, "a held event keeps its step's task, result, context or loop alive"
