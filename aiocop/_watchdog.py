@@ -32,8 +32,9 @@ import os
 import sys
 import threading
 from _thread import LockType, allocate_lock
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass
+from operator import itemgetter
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -117,8 +118,10 @@ class Step:
         self.cpu_prev = cpu_prev
         self.cpu_first = cpu
         self.cpu_last = cpu
-        self.samples: Counter[tuple[tuple[CodeType, int], ...]] = Counter()
-        self.waiting: Counter[tuple[tuple[CodeType, int], ...]] = Counter()  # samples taken while idle on CPU
+        # Stack -> times sampled. Plain dicts: a busy loop on asyncio makes a
+        # Step at nearly every poll, and a Counter costs µs to make.
+        self.samples: dict[tuple[tuple[CodeType, int], ...], int] = {}
+        self.waiting: dict[tuple[tuple[CodeType, int], ...], int] = {}  # samples taken while idle on CPU
         self.sample_t = now
         self.sample_cpu = cpu
         self.next_sample = 0.0
@@ -564,7 +567,7 @@ def _sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float) -> N
             break
         f = f.f_back
     stack = tuple(frames)
-    step.samples[stack] += 1
+    step.samples[stack] = step.samples.get(stack, 0) + 1
     # Waiting or working at this sample: did the thread's CPU clock move
     # since the previous one (or since the step was first seen)?
     cpu = watch.cpu_time()
@@ -574,13 +577,13 @@ def _sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float) -> N
         and now > step.sample_t
         and (cpu - step.sample_cpu) < _CPU_BOUND_RATE * (now - step.sample_t)
     ):
-        step.waiting[stack] += 1
+        step.waiting[stack] = step.waiting.get(stack, 0) + 1
     step.sample_t, step.sample_cpu = now, cpu
 
 
 def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
-    samples = step.samples.most_common()
-    top_waiting = bool(samples) and step.waiting[samples[0][0]] * 2 >= samples[0][1]
+    samples = sorted(step.samples.items(), key=itemgetter(1), reverse=True)  # most common first
+    top_waiting = bool(samples) and step.waiting.get(samples[0][0], 0) * 2 >= samples[0][1]
     return Stall(watch, start, end, samples, not step.cpu_bound(), step.root, top_waiting, step.task)
 
 
