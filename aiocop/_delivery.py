@@ -219,7 +219,7 @@ def _lazy_event(
 
 def build_stall_event(stall: Stall, task: Any, context: dict[str, Any]) -> SlowTaskEvent:
     watch = stall.watch
-    group = _new_object(_hook.StepGroup)
+    group = _hook.StepGroup()
     group.thread_id = watch.thread_id
     group.thread_name = watch.thread_name
     group.records = []

@@ -38,7 +38,6 @@ logger = logging.getLogger("aiocop")
 
 # How far up a stack the walk goes when it finds no edge of the step.
 _MAX_WALK = 256
-_new_object = object.__new__
 _WRAPPERS_MODULE = "aiocop._wrappers"
 _WRAPPERS_GLOBALS = vars(_wrappers)  # the f_globals of every wrapper's frame
 _BUFFER_TYPES = (bytes, bytearray, memoryview)
@@ -185,7 +184,8 @@ class StepGroup:
     """The blocking calls of one step of one loop, delivered together.
 
     One is made per step with a blocking call, in `_capture`, which sets
-    the fields below directly (an __init__ would cost a second Python call).
+    the fields below directly (an __init__ would cost a second Python call;
+    calling the class, which has none, costs less than `object.__new__`).
     The fields most steps never change are class-level defaults. Once
     delivered, the group is what its event's fields are computed from, and
     drops what it held only to find and run its step (loop, key and task
@@ -330,7 +330,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     if group is None or group.key is not key or group.loop is not loop or group.t_end:
         if group is not None and not group.t_end:
             group.t_end = now  # a new step began, so the previous one had ended
-        group = state.group = _new_object(StepGroup)
+        group = state.group = StepGroup()
         group.loop = loop
         group.key = key
         group.task = task
