@@ -18,6 +18,11 @@ Scenarios: `pure` (`await asyncio.sleep(0)`), `stat` (one `os.stat` per task),
 `stat2` (two in one step: the second one's cost is a call's without the
 step's), `deep` (one `os.stat` three coroutine frames down).
 
+`--floor` adds a column: the same `stat` tasks under `floor_detector.py`, the
+least a pure-Python detector can do for a detected call and its delivered
+event (a yardstick: it leaves out most of what a detector needs to be right;
+see that file). Only the `stat` scenario has a floor.
+
 `--audit-cost` measures instead what one audit event costs, the floor
 under every detected call: a `frame.f_code` read and a `sys._getframe()`
 call (each raises an audit event; aiocop makes both for every detected
@@ -40,7 +45,6 @@ import re
 import shutil
 import subprocess
 import sys
-from typing import Any
 
 MODES = ("baseline", "inert", "full")
 SCENARIOS = ("pure", "stat", "stat2", "deep")
@@ -80,7 +84,13 @@ BODIES = {"pure": _pure, "stat": _stat, "stat2": _stat2, "deep": _deep}
 
 def child(mode: str, scenario: str, loop_name: str, tasks: int) -> None:
     delivered = [0]
-    if mode != "baseline":
+    if mode == "floor":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import floor_detector
+
+        floor_detector.install()
+        floor_detector.callbacks.append(lambda event: delivered.__setitem__(0, delivered[0] + 1))
+    elif mode != "baseline":
         import aiocop
 
         aiocop.start_blocking_io_detection(trace_depth=5)
@@ -104,7 +114,7 @@ def child(mode: str, scenario: str, loop_name: str, tasks: int) -> None:
     delivered[0] = 0
     loop.run_until_complete(run(tasks))
     loop.close()
-    expected = tasks if mode == "full" and scenario != "pure" else 0
+    expected = tasks if mode in ("full", "floor") and scenario != "pure" else 0
     if delivered[0] != expected:
         sys.exit(f"{mode}/{scenario}: {delivered[0]} events delivered, expected {expected}")
 
@@ -158,6 +168,7 @@ def main() -> None:
     parser.add_argument("--loop", default="uvloop")
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--tasks", type=int, default=3000)
+    parser.add_argument("--floor", action="store_true", help="add the floor_detector.py column (stat only)")
     parser.add_argument("--audit-cost", action="store_true", help="the cost of one audit event instead")
     parser.add_argument("--child", nargs=4, metavar=("MODE", "SCENARIO", "LOOP", "TASKS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -181,14 +192,13 @@ def main() -> None:
             print(f"{label:16} without aiocop {base:6.0f}, with its hook installed {hooked:6.0f} ({extra:+.0f})")
         return
     print(f"instructions per task on {args.loop}, Python {sys.version.split()[0]} ({args.tasks} tasks, valgrind)")
-    print(f"{'scenario':9} {'baseline':>10} {'inert':>16} {'full':>16}")
-    results: dict[str, dict[str, Any]] = {}
+    columns = (*MODES, "floor") if args.floor else MODES
+    print(f"{'scenario':9} {'baseline':>10}" + "".join(f" {mode:>16}" for mode in columns[1:]))
     for scenario in args.scenarios:
-        counts = {mode: per_task(mode, scenario, args.loop, args.tasks) for mode in MODES}
-        results[scenario] = counts
+        modes = columns if scenario == "stat" else MODES
+        counts = {mode: per_task(mode, scenario, args.loop, args.tasks) for mode in modes}
         base = counts["baseline"]
-        deltas = {m: f"({counts[m] - base:+.0f})" for m in MODES[1:]}
-        cells = [f"{base:10.0f}"] + [f"{counts[m]:9.0f} {deltas[m]:>9}" for m in MODES[1:]]
+        cells = [f"{base:10.0f}"] + [f"{counts[m]:9.0f} {f'({counts[m] - base:+.0f})':>9}" for m in modes[1:]]
         print(f"{scenario:9} " + " ".join(cells))
 
 

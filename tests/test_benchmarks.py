@@ -124,16 +124,17 @@ def test_plots_written(quick: tuple[dict[str, Any], Path, str]) -> None:
 
 
 INSTRUCTIONS = ROOT / "benchmarks" / "instructions.py"
+SCENARIOS = ("pure", "stat", "stat2", "deep")
 
 
-@pytest.mark.parametrize("mode", ["baseline", "inert", "full"])
+@pytest.mark.parametrize("mode", ["baseline", "inert", "full", "floor"])
 def test_instruction_count_programs_check_their_events(mode: str) -> None:
     # The programs instructions.py runs under valgrind, run here without it:
     # each exits non-zero unless every blocking call of a full run was
     # delivered (and none in the other modes). "-" as the loop: the
     # audit-cost program.
-    runs = [(scenario, "uvloop", "500") for scenario in ("pure", "stat", "stat2", "deep")]
-    runs += [(what, "-", "1000") for what in ("f_code", "getframe")]
+    runs = [(scenario, "uvloop", "500") for scenario in (("stat",) if mode == "floor" else SCENARIOS)]
+    runs += [(what, "-", "1000") for what in ("f_code", "getframe") if mode != "floor"]
     for program, loop_name, count in runs:
         done = subprocess.run(
             [sys.executable, str(INSTRUCTIONS), "--child", mode, program, loop_name, count],
@@ -149,7 +150,7 @@ def test_instruction_count_programs_check_their_events(mode: str) -> None:
 @pytest.mark.timeout(120)
 def test_instruction_counts_under_valgrind() -> None:
     done = subprocess.run(
-        [sys.executable, str(INSTRUCTIONS), "--scenarios", "stat", "--tasks", "500"],
+        [sys.executable, str(INSTRUCTIONS), "--scenarios", "stat", "--tasks", "500", "--floor"],
         capture_output=True,
         text=True,
         timeout=110,
@@ -157,8 +158,9 @@ def test_instruction_counts_under_valgrind() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     row = next(line for line in done.stdout.splitlines() if line.startswith("stat "))
-    baseline, inert, _, full, _ = row.split()[1:]
+    baseline, inert, _, full, _, floor, _ = row.split()[1:]
     assert 0 < int(baseline) < int(inert) < int(full)  # aiocop costs something, detection most
+    assert int(baseline) < int(floor) < int(full)  # the yardstick does less than aiocop, but not nothing
 
 
 def test_watchdog_busy_cost_runs_and_checks_its_events() -> None:
