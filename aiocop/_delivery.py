@@ -169,7 +169,7 @@ class _Origin:
 
 
 def _step_fields(
-    origin: _Origin, group: StepGroup, context: dict[str, Any], task_name: str | None, reason: str
+    origin: _Origin, group: StepGroup, context: dict[str, Any] | None, task_name: str | None, reason: str
 ) -> dict[str, Any]:
     """An event's fields, computed when one is first read (see `SlowTaskEvent.__getattr__`)."""
     stall: Stall | None = group.stall
@@ -190,7 +190,7 @@ def _step_fields(
         "severity_level": get_severity_level_from_score(group.score),
         "reason": reason,
         "blocking_events": events,
-        "context": context,
+        "context": context if context is not None else {},  # None: no provider registered
         "cpu_stack_samples": samples,
         "task_name": task_name,
         "thread_name": group.thread_name,
@@ -248,12 +248,19 @@ def _deliver(group: StepGroup, origin: _Origin) -> None:
         return  # reset_blocking_events() emptied it
     task = group.task
     try:
-        event = _lazy_event(
-            origin,
-            group,
-            _callbacks.capture_context() if _callbacks._providers else {},
-            task.get_name() if task is not None else None,
-            "io_blocking",
+        # _lazy_event, inlined: this runs once per event on the loop's thread.
+        event = _new_object(SlowTaskEvent)
+        _set_attribute(
+            event,
+            "_resolve",
+            (
+                _step_fields,
+                origin,
+                group,
+                _callbacks.capture_context() if _callbacks._providers else None,
+                task.get_name() if task is not None else None,
+                "io_blocking",
+            ),
         )
     except Exception:
         _hook._internal_error("delivering an event")

@@ -39,7 +39,7 @@ VARIANTS = ("baseline", "inert", "capture", "full")
 INSTRUMENTED = (
     ("_hook", "_capture"),
     ("_delivery", "_claim"),
-    ("_delivery", "_lazy_event"),
+    ("_delivery", "_deliver"),
     ("_callbacks", "invoke_callbacks"),
 )
 BATCH = 1000
