@@ -270,6 +270,7 @@ class monitored(ContextVarScope[bool]):  # noqa: N801 - reads as an adjective, l
             return None
         previous = _state.task_monitored.get(task)
         _state.task_monitored[task] = self.enabled
+        _state.task_records_made = True
         return task, previous
 
     def _on_exit(self, entered: tuple[asyncio.Task[object], bool | None] | None) -> None:

@@ -47,6 +47,11 @@ monitored: ContextVar[bool] = ContextVar("aiocop_monitored", default=True)
 # tell a stalled task's setting on 3.10 and 3.11, whose tasks do not expose
 # their context to other threads.
 task_monitored: weakref.WeakKeyDictionary[Task[object], bool] = weakref.WeakKeyDictionary()
+# Whether a record was ever made: until then no task can have one, and
+# needs_task_record skips the look-up (a weak reference made per call, a
+# third of an unsampled request's cost in the ASGI middleware). Never reset:
+# a record left by a task that died is harmless, the look-up is then made.
+task_records_made = False
 
 
 def needs_task_record(task: object, enabled: bool) -> bool:
@@ -61,4 +66,8 @@ def needs_task_record(task: object, enabled: bool) -> bool:
     reports (veloxloop 0.2), needs the record.
     """
     get_context = getattr(task, "get_context", None)
-    return get_context is None or get_context().get(monitored, True) is not enabled or task in task_monitored
+    return (
+        get_context is None
+        or get_context().get(monitored, True) is not enabled
+        or (task_records_made and task in task_monitored)
+    )
