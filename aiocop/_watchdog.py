@@ -351,6 +351,11 @@ class Watchdog:
         if now - self._last_scan < _DISCOVERY_S and _all_quiet(watches):
             return False, False
         frames = sys._current_frames()
+        # Includes this thread's own frame, this very function's: left in,
+        # this frame and the dict would hold each other, and with them every
+        # frame of the loops' stacks at this look (and the tasks and locals
+        # those hold) until the next garbage collection.
+        del frames[threading.get_ident()]
         now = perf_counter()
         busy = active = False
         for thread_id, watch in watches.items():

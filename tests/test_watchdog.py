@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import os
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 import aiocop
 from aiocop import _delivery, _watchdog
 from tests import stalls
-from tests.conftest import Collector, loop_factory, quiet_rloop, run_in_thread, run_on
+from tests.conftest import Collector, _loop_param, loop_factory, quiet_rloop, run_in_thread, run_on
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -480,3 +481,36 @@ def test_fork_child_reports_its_own_stalls(tmp_path: object) -> None:
     out = subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "parent 1 child exit 0", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("loop_name", [_loop_param("asyncio"), _loop_param("uvloop")])
+def test_looks_at_a_busy_loop_leave_no_reference_cycle(watchdog: Collector, loop_name: str) -> None:
+    # What a look at a loop saw must be freed by reference counting as soon
+    # as it is gone: a look that ties frames into a reference cycle keeps
+    # them, and every task and local they hold, alive until the next garbage
+    # collection (one did: sys._current_frames() includes the watchdog's own
+    # frame). Without the watchdog this run leaves no garbage at all.
+    async def step() -> None:
+        os.getcwd()  # detected, and releases the GIL: the watchdog gets its looks
+        await asyncio.sleep(0)
+
+    async def main() -> int:
+        polls = _watchdog.watchdog.polls
+        deadline = time.perf_counter() + 0.3
+        while time.perf_counter() < deadline:
+            await asyncio.gather(*(step() for _ in range(500)))
+        return _watchdog.watchdog.polls - polls
+
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds is kept in gc.garbage, to show
+    try:
+        looks = run_on(loop_name, main())
+        gc.collect()
+        garbage = sorted({type(o).__name__ for o in gc.garbage})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert looks >= 20, f"only {looks} looks at the busy loop"
+    assert not garbage, f"reference cycles left behind, of: {garbage}"
