@@ -335,7 +335,7 @@ def _take_stall(group: StepGroup) -> None:
         step.merged = True
         group.stall = _watchdog.stall_of(step, step.start(), group.t_end, watch)
     if group.stall is not None:
-        group.stall.root = None  # the io event knows its task; keep no frame alive
+        group.stall.release()  # the io event knows its task: keep no frame, task or context alive
     start = group.t_first if group.stall is None else min(group.t_first, group.stall.start)
     watch.last_io = (start, group.t_end)
 
@@ -355,6 +355,7 @@ def _attach_to_io(watch: LoopWatch, stall: Stall) -> bool:
             and group.t_first <= stall.end
             and (not group.t_end or group.t_end >= stall.middle())
         ):
+            stall.release()  # the io event knows its task: keep no frame, task or context alive
             group.stall = stall
             return True
     return False
@@ -362,7 +363,7 @@ def _attach_to_io(watch: LoopWatch, stall: Stall) -> bool:
 
 def _report_stall(stall: Stall) -> None:
     seen = stall.task or _watchdog.StalledTask.of(stall.watch.loop, stall.root)
-    stall.root = None  # the task is known: keep no frame (and its locals) alive in the event
+    stall.release()  # the task is known: the event keeps no frame (and its locals), task or context alive
     if not seen.monitored:
         return  # the stalled task runs under monitored(False)
     task, context = seen.task, seen.context

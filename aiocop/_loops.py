@@ -148,6 +148,7 @@ def unregister(thread_id: int, *, stopping: bool = False) -> None:
         if watch is None:
             return
         watches = {k: v for k, v in watches.items() if k != thread_id}
+    watch.base_frame = None  # the loop no longer runs: keep no frame (and its locals) alive
     if stopping:
         retired.append((watch, time.perf_counter(), watch.cpu_time()))
         if on_stop is not None and watch.loop is not None:

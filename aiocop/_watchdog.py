@@ -210,6 +210,11 @@ class Stall:
     waiting_top: bool = False  # the most frequent stack was sampled while waiting
     task: StalledTask | None = None  # whose step it was, as seen while it stalled
 
+    def release(self) -> None:
+        """Drop the stalled frame and task: once its event exists, it says which task it was."""
+        self.root = None
+        self.task = None
+
     def culprit(self) -> str:
         """What the loop was doing (reads source lines: call it off the hot path)."""
         return describe(self.samples, self.waiting_top)
@@ -355,7 +360,7 @@ class Watchdog:
         # this frame and the dict would hold each other, and with them every
         # frame of the loops' stacks at this look (and the tasks and locals
         # those hold) until the next garbage collection.
-        del frames[threading.get_ident()]
+        frames.pop(threading.get_ident(), None)
         now = perf_counter()
         busy = active = False
         for thread_id, watch in watches.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import gc
 import inspect
 import os
@@ -11,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING
 
 import pytest
@@ -514,3 +516,49 @@ def test_looks_at_a_busy_loop_leave_no_reference_cycle(watchdog: Collector, loop
         gc.enable()
     assert looks >= 20, f"only {looks} looks at the busy loop"
     assert not garbage, f"reference cycles left behind, of: {garbage}"
+
+
+class Marker:
+    """Something a task and a context variable hold, watched with a weak reference."""
+
+
+_request: contextvars.ContextVar[Marker | None] = contextvars.ContextVar("request", default=None)
+
+
+@pytest.mark.parametrize("with_call", [False, True], ids=["stall", "stall_in_a_step_with_a_call"])
+@pytest.mark.parametrize("loop_name", [_loop_param("asyncio"), _loop_param("uvloop")])
+def test_held_stall_events_keep_no_task_or_context_alive(watchdog: Collector, loop_name: str, with_call: bool) -> None:
+    # As for io events (test_soak.py): an event a callback keeps must not keep
+    # the stalled task, its result or its context's values alive, whether the
+    # stall is reported alone or joins the io event of its step.
+    result, value = Marker(), Marker()
+    watched = [weakref.ref(result), weakref.ref(value)]
+
+    async def step(answer: Marker) -> Marker:
+        if with_call:
+            os.getcwd()
+        stalls.spin(STALL_S)
+        await asyncio.sleep(0)
+        return answer
+
+    async def main(answer: Marker, seen: Marker) -> None:
+        _request.set(seen)
+        await asyncio.sleep(0.02)  # let the watchdog see the loop idle first
+        task = asyncio.ensure_future(step(answer))
+        watched.append(weakref.ref(task))
+        await task
+        await asyncio.sleep(0.02)
+
+    run_on(loop_name, main(result, value))
+    del result, value
+    time.sleep(0.05)  # stalls are reported by the watchdog thread shortly after they end
+    assert len(watchdog.events) == 1
+    # Checked before any field is read: until then the event holds only the
+    # recipe of its fields (the step's group, and the stall).
+    gc.collect()
+    alive = [ref() is not None for ref in watched]
+    assert alive == [False] * 3, "a held event keeps the stalled task, its result or its context alive"
+    event = watchdog.events[0]
+    assert event.reason == ("io_blocking" if with_call else "cpu_blocking")
+    assert event.cpu_stack_samples, "the stall's samples are in the event"
+    assert event.task_name, "the event names the stalled task"
