@@ -208,7 +208,7 @@ _NO_CONTEXT = contextvars.Context()
 
 
 def _lazy_event(
-    origin: _Origin, group: StepGroup, context: dict[str, Any], task_name: str | None, reason: str
+    origin: _Origin, group: StepGroup, context: dict[str, Any] | None, task_name: str | None, reason: str
 ) -> SlowTaskEvent:
     # SlowTaskEvent is a frozen dataclass (as in 1.x): its generated __init__
     # is skipped. The event starts with a recipe for its fields only.
@@ -248,19 +248,12 @@ def _deliver(group: StepGroup, origin: _Origin) -> None:
         return  # reset_blocking_events() emptied it
     task = group.task
     try:
-        # _lazy_event, inlined: this runs once per event on the loop's thread.
-        event = _new_object(SlowTaskEvent)
-        _set_attribute(
-            event,
-            "_resolve",
-            (
-                _step_fields,
-                origin,
-                group,
-                _callbacks.capture_context() if _callbacks._providers else None,
-                task.get_name() if task is not None else None,
-                "io_blocking",
-            ),
+        event = _lazy_event(
+            origin,
+            group,
+            _callbacks.capture_context() if _callbacks._providers else None,
+            task.get_name() if task is not None else None,
+            "io_blocking",
         )
     except Exception:
         _hook._internal_error("delivering an event")
@@ -286,7 +279,7 @@ def flush(batch: list[StepGroup]) -> None:
 def _flush(batch: list[StepGroup], state: Any) -> None:
     now = perf_counter()
     if state.pending is batch:
-        state.pending = None
+        state.pending = state.pending_loop = None
     if state.group is not None and state.group in batch:
         state.group = None
     for group in batch:
@@ -476,7 +469,7 @@ class _Worker:
             done = threading.Event()
             self._queue.put(done)
             done.wait(timeout)
-        for group in [g for g in list(_hook.unclaimed) if _hook.claim(g)]:
+        for group in _claim_all(list(_hook.unclaimed)):
             if not group.t_end:
                 group.t_end = perf_counter()
             group.context.copy().run(deliver_now, group)
@@ -488,8 +481,15 @@ class _Worker:
 _worker = _Worker()
 
 
+def _claim_all(groups: list[StepGroup]) -> list[StepGroup]:
+    # Under merge_lock, as every claim: the watchdog hands a stall to an
+    # unclaimed group (_attach_to_io) only while no delivery is taking it.
+    with _watchdog.merge_lock:
+        return [g for g in groups if _hook.claim(g)]
+
+
 def _orphans(groups: list[StepGroup]) -> None:
-    claimed = [g for g in groups if _hook.claim(g)]
+    claimed = _claim_all(groups)
     if claimed:
         _worker.submit(claimed)
 
@@ -513,8 +513,9 @@ def _after_fork_in_child() -> None:
     # delivered them too would report every one of them twice.
     _hook.unclaimed.clear()
     _on_loops.clear()
-    _hook.current_state().pending = None
-    _hook.current_state().group = None
+    state = _hook.current_state()
+    state.pending = state.pending_loop = None
+    state.group = None
     _worker.reinit_after_fork()
 
 

@@ -140,7 +140,7 @@ def _raise_violation(captured: tuple[StepGroup, Record | None]) -> None:
 class _ThreadState:
     """What the hook keeps per thread (one instance per thread, see `current_state`)."""
 
-    __slots__ = ("base_frame", "busy", "group", "pending", "thread_id", "thread_name")
+    __slots__ = ("base_frame", "busy", "group", "pending", "pending_loop", "thread_id", "thread_name")
 
     def __init__(self) -> None:
         self.busy = False  # inside the hook's slow path or a delivery: ignore events
@@ -148,6 +148,10 @@ class _ThreadState:
         # Steps of this loop iteration waiting for the one delivery callback
         # scheduled by the first of them (replaced, never cleared, on flush).
         self.pending: list[StepGroup] | None = None
+        # The loop that delivery callback was scheduled on (not read from the
+        # batch's groups: a group delivered early, by drain() or the pytest
+        # plugin, has let go of its loop).
+        self.pending_loop: AbstractEventLoop | None = None
         # The frame that called into a running event loop written in C: the
         # outer edge of its steps. Held only while that loop runs (see
         # _on_loop_boundary).
@@ -341,7 +345,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
         group.t_first = now
         unclaimed[group] = group
         pending = state.pending
-        if pending is not None and pending[0].loop is loop:
+        if pending is not None and state.pending_loop is loop:
             pending.append(group)  # the delivery callback of this iteration is scheduled already
         else:
             _schedule(group, loop, state)
@@ -402,6 +406,7 @@ def _schedule(group: StepGroup, loop: AbstractEventLoop, state: _ThreadState) ->
         if stale and orphan_handler is not None:
             orphan_handler(stale)  # delivered off the loop, now rather than at exit
     state.pending = pending = [group]
+    state.pending_loop = loop
     if flush_callback is None:
         return
     try:
@@ -409,7 +414,7 @@ def _schedule(group: StepGroup, loop: AbstractEventLoop, state: _ThreadState) ->
     except Exception:
         # The loop refused (closing?): the off-loop fallback delivers these
         # when the loop stops or the process exits.
-        state.pending = None
+        state.pending = state.pending_loop = None
         logger.debug("aiocop: could not schedule delivery on %r", loop, exc_info=True)
 
 
@@ -436,7 +441,7 @@ def _on_loop_boundary() -> None:
         state.base_frame = frame
         state.thread_name = threading.current_thread().name
     state.group = None
-    state.pending = None
+    state.pending = state.pending_loop = None
     # Hand any group whose delivery callback may never run (its loop stopped
     # first) to the off-loop worker.
     ident = threading.get_ident()
