@@ -16,7 +16,8 @@ rounds (medians reported), like run_benchmark.py:
 
 The differences give the cost of each layer. A last process runs `full`
 with timers around aiocop's internal functions (which makes it slower; only
-its split is used) and counts the audit events raised per task. It patches
+its split is used) and counts the audit events raised per task. Each timer
+is inclusive: `_deliver` includes `invoke_callbacks`, `flush` both. It patches
 private names of aiocop, so it follows the code of the day: if they are
 renamed, update the names in INSTRUMENTED.
 """

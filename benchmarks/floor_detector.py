@@ -8,8 +8,10 @@ cheapest form:
 - a wrapper that raises an audit event for `os.stat` on a loop's thread
   (CPython raises none for it);
 - an audit hook that skips other events with one set look-up, finds the
-  caller's frame (`sys._getframe`, an audit event of its own) and keeps the
-  trace as (code, f_lasti) pairs (`frame.f_code`, another audit event);
+  caller's frame (`sys._getframe`, an audit event of its own) and keeps it
+  as a (code, f_lasti) pair (`frame.f_code`, another audit event): the
+  benchmark task's own frame, the whole of its step's stack, so the one
+  frame of its trace (up to five are asked for);
 - one record per call, grouped per task, each group with a copy of the
   context it ran in;
 - one `loop.call_soon` per loop iteration that delivers every group after its
@@ -62,8 +64,8 @@ def _hook(event: str, args: tuple[Any, ...]) -> None:
     loop = get_running_loop()
     if loop is None:
         return
-    frame = _getframe(2).f_back  # 0: this hook, 1: sys.audit's caller (the wrapper), 2: its caller
-    trace = [(frame.f_code, frame.f_lasti)] if frame is not None else []
+    frame = _getframe(2)  # 0: this hook, 1: sys.audit's caller (the wrapper), 2: its caller, the task
+    trace = [(frame.f_code, frame.f_lasti)]
     task = current_task(loop)
     group = _pending.get(task)
     if group is None:
