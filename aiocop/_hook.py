@@ -146,7 +146,7 @@ class _ThreadState:
         self.busy = False  # inside the hook's slow path or a delivery: ignore events
         self.group: StepGroup | None = None  # the step currently collecting events
         # Steps of this loop iteration waiting for the one delivery callback
-        # scheduled by the first of them (replaced, never cleared, on flush).
+        # scheduled by the first of them (None once that callback has run).
         self.pending: list[StepGroup] | None = None
         # The loop that delivery callback was scheduled on (not read from the
         # batch's groups: a group delivered early, by drain() or the pytest
