@@ -5,6 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -166,12 +170,42 @@ def detector() -> Iterator[Collector]:
     try:
         yield collector
     finally:
-        aiocop.stop()
-        aiocop.clear_slow_task_callbacks()
-        aiocop.clear_context_providers()
-        aiocop.clear_allow_rules()
-        aiocop.reset_blocking_event_table()
-        aiocop.disable_raise_on_violations()
-        _state.config.raise_min_score = aiocop.THRESHOLD_HIGH  # enable_raise_on_violations(level=) is global
-        aiocop.activate()
+        reset_aiocop()
         assert not _hook.unclaimed, "every recorded step was delivered"
+
+
+def reset_aiocop() -> None:
+    """Undo whatever a test set up: detection stopped, every registration and switch back to its default."""
+    aiocop.stop()
+    aiocop.clear_slow_task_callbacks()
+    aiocop.clear_context_providers()
+    aiocop.clear_allow_rules()
+    aiocop.reset_blocking_event_table()
+    aiocop.disable_raise_on_violations()
+    # The process-wide settings (threshold, trace depth, delivery, buffer,
+    # raise level), each back to its default, in the object every module reads.
+    vars(_state.config).update(vars(_state.Config()))
+    aiocop.activate()
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_python(
+    code: str,
+    *script_args: str,
+    interpreter_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+    check: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """Run `code` (dedented) in a fresh interpreter, with this checkout's aiocop importable."""
+    return subprocess.run(
+        [sys.executable, *interpreter_args, "-c", textwrap.dedent(code), *script_args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": ROOT, **(env or {})},
+        cwd=ROOT,
+        check=check,
+    )

@@ -20,6 +20,7 @@ import pytest
 import aiocop
 import aiocop.structlog
 from aiocop.asgi import AiocopMiddleware
+from tests.conftest import reset_aiocop
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -206,13 +207,7 @@ def _param(row: Row) -> Any:
 def clean_state() -> Iterator[None]:
     """A rejected call must change nothing; whatever a test did is undone for the next."""
     yield
-    aiocop.stop()
-    aiocop.clear_slow_task_callbacks()
-    aiocop.clear_context_providers()
-    aiocop.clear_allow_rules()
-    aiocop.reset_blocking_event_table()
-    aiocop.disable_raise_on_violations()
-    aiocop.activate()
+    reset_aiocop()
 
 
 @pytest.mark.parametrize("row", [_param(row) for row in TABLE])

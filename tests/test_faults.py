@@ -29,13 +29,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import aiocop
-from tests.conftest import Collector, loop_factory, quiet_rloop, run_on
+from tests.conftest import ROOT, Collector, loop_factory, quiet_rloop, run_on, run_python
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from pathlib import Path
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 async def app_with_blocking_calls(steps: int = 3) -> list[int]:
@@ -53,17 +51,12 @@ EXPECTED = [0, 1, 4]
 
 
 def run_script(code: str, *args: str, env: dict[str, str] | None = None, timeout: float = 30) -> Any:
-    """Run a Python program in a fresh interpreter (aiocop importable), return the completed process."""
-    full_env = {**os.environ, "PYTHONPATH": ROOT, "PYTHONWARNINGS": "error::ResourceWarning", **(env or {})}
-    return subprocess.run(
-        [sys.executable, *args, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=full_env,
-        cwd=ROOT,
-        check=False,
-    )
+    """Run a Python program in a fresh interpreter (aiocop importable), return the completed process.
+
+    `args` go to the interpreter; a leaked file or socket is an error there.
+    """
+    full_env = {"PYTHONWARNINGS": "error::ResourceWarning", **(env or {})}
+    return run_python(code, interpreter_args=args, env=full_env, timeout=timeout)
 
 
 # --- callbacks and providers that misbehave ---------------------------------------------------
@@ -401,15 +394,7 @@ FORK_SCRIPT = """
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() here")
 def test_fork_while_monitoring(tmp_path: Path) -> None:
     out = tmp_path / "events.jsonl"
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(FORK_SCRIPT), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": ROOT},
-        cwd=ROOT,
-        check=False,
-    )
+    result = run_python(FORK_SCRIPT, str(out))
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     pids = json.loads(result.stdout)
@@ -752,15 +737,7 @@ BLOCKBUSTER_APP = """
 
 
 def run_with_blockbuster(order: str, teardown: str = "lifo") -> dict[str, Any]:
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(BLOCKBUSTER_APP), order, teardown],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": ROOT},
-        cwd=ROOT,
-        check=False,
-    )
+    result = run_python(BLOCKBUSTER_APP, order, teardown)
     assert result.returncode == 0, (order, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
     return json.loads(result.stdout)  # type: ignore[no-any-return]

@@ -6,31 +6,19 @@ The pytest plugin, loaded by every pytest run, never loads it while switched off
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 import aiocop
+from tests.conftest import run_python
 from tests.pytester_args import QUIET
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Modules that make up the detector: none is needed to import aiocop or to load the plugin switched off.
 DETECTOR = ("aiocop._hook", "aiocop._delivery", "aiocop._watchdog", "aiocop._wrappers", "aiocop._loops", "aiocop._api")
 
 
 def fresh(code: str) -> dict[str, object]:
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": ROOT},
-        cwd=ROOT,
-        check=True,
-    )
+    result = run_python(code, check=True)
     return json.loads(result.stdout.splitlines()[-1])  # type: ignore[no-any-return]
 
 
