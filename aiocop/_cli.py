@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -18,7 +19,7 @@ from aiocop._report import Summary, describe
 from aiocop._severity import level_rank
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
     from aiocop._events import SlowTaskEvent
 
@@ -67,7 +68,12 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
             "table of the call sites that blocked a loop: count, loop time lost, worst step, severity."
         ),
     )
-    run.add_argument("--uvloop", action="store_true", help="run the program's asyncio.run() loops on uvloop")
+    run.add_argument(
+        "--uvloop",
+        action="store_true",
+        help="run the loops the program creates without a loop factory (asyncio.run(), asyncio.Runner, "
+        "asyncio.new_event_loop()) on uvloop",
+    )
     run.add_argument(
         "--threshold-ms",
         type=_positive(float),
@@ -148,9 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         folder = os.path.dirname(os.path.abspath(settings.json))
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             _usage_error(run_parser, f"--json: cannot write a file in {folder!r}")
-    if settings.uvloop:
-        _use_uvloop(run_parser)
-    return _run(program, settings)
+    factory = _uvloop_factory(run_parser) if settings.uvloop else None
+    with _default_loop_factory(factory):
+        return _run(program, settings)
 
 
 def _module_exists(name: str) -> bool:
@@ -161,12 +167,38 @@ def _module_exists(name: str) -> bool:
         return False
 
 
-def _use_uvloop(parser: argparse.ArgumentParser) -> None:
+def _uvloop_factory(parser: argparse.ArgumentParser) -> Callable[[], asyncio.AbstractEventLoop]:
     try:
         import uvloop  # noqa: PLC0415 - an optional dependency, needed only with --uvloop
     except ImportError:
         _usage_error(parser, "--uvloop needs uvloop: pip install 'aiocop[uvloop]'")
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return uvloop.new_event_loop
+
+
+@contextlib.contextmanager
+def _default_loop_factory(factory: Callable[[], asyncio.AbstractEventLoop] | None) -> Iterator[None]:
+    """Make loops the program creates without naming a factory come from `factory`.
+
+    Event loop policies are deprecated from 3.14 (gone in 3.16), so the CLI
+    does not install one: `asyncio.run()` and `asyncio.Runner` without a
+    `loop_factory`, and `asyncio.new_event_loop()`, all create their loop
+    through `asyncio.events.new_event_loop` on every supported version; the
+    program's run replaces that one name, and puts it back after.
+    """
+    if factory is None:
+        yield
+        return
+    original = asyncio.events.new_event_loop
+
+    def new_event_loop() -> asyncio.AbstractEventLoop:
+        return factory()
+
+    new_event_loop.__doc__ = original.__doc__
+    asyncio.events.new_event_loop = asyncio.new_event_loop = new_event_loop
+    try:
+        yield
+    finally:
+        asyncio.events.new_event_loop = asyncio.new_event_loop = original
 
 
 def _run(program: Program, settings: argparse.Namespace) -> int:

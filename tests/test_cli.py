@@ -84,6 +84,39 @@ def test_module_with_arguments(program: Path) -> None:
     assert "prog.py:8:main" in result.stderr
 
 
+LOOP_KINDS = """
+import asyncio, sys, warnings
+warnings.simplefilter("error")  # 3.14+: any use of the deprecated policy system fails the run
+
+async def kind():
+    return type(asyncio.get_running_loop()).__module__.split(".")[0]
+
+kinds = [asyncio.run(kind())]
+if sys.version_info >= (3, 11):
+    with asyncio.Runner() as runner:
+        kinds.append(runner.run(kind()))
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:  # named: the program's choice
+        kinds.append(runner.run(kind()))
+loop = asyncio.new_event_loop()
+kinds.append(type(loop).__module__.split(".")[0])
+loop.close()
+print(*kinds, "policy:", type(asyncio.events._event_loop_policy).__module__.split(".")[0])
+"""
+
+
+def test_uvloop_without_an_event_loop_policy(tmp_path: Path) -> None:
+    # Policies are deprecated from 3.14: --uvloop must not install one, yet
+    # every loop the program creates without naming a factory is uvloop's.
+    script = tmp_path / "kinds.py"
+    script.write_text(LOOP_KINDS)
+    result = aiocop_run("run", "--uvloop", script)
+    assert result.returncode == 0, result.stderr
+    runners = ["uvloop", "asyncio"] if sys.version_info >= (3, 11) else []
+    assert result.stdout.split() == ["uvloop", *runners, "uvloop", "policy:", "asyncio"]
+    plain = aiocop_run("run", script)
+    assert "uvloop" not in plain.stdout, plain.stdout
+
+
 @pytest.mark.parametrize(
     ("level", "status"),
     [("high", 3), ("low", 3)],

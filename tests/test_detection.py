@@ -166,3 +166,33 @@ def test_sleep_bound_before_setup_is_invisible_to_interception(detector: Collect
 
     run_on(loop_name, main())
     assert "time.sleep" not in detector.names()
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="eager tasks are new in 3.12")
+@pytest.mark.parametrize("how", ["eager_task_factory", "eager_start"])
+def test_eager_tasks_and_create_task_keywords(detector: Collector, how: str) -> None:
+    # 3.14 passes create_task()'s keyword arguments (eager_start, ...) on to
+    # the task factory: everything aiocop touches must keep accepting them,
+    # and an eager task's first step, run inside its creator's step, is still
+    # reported at its own line, under its own name.
+    if how == "eager_start" and sys.version_info < (3, 14):
+        pytest.skip("create_task(eager_start=...) is new in 3.14")
+
+    async def child() -> str:
+        CASES[2].func()  # os.stat, in the eager first step
+        await asyncio.sleep(0)
+        return "done"
+
+    async def main() -> str:
+        loop = asyncio.get_running_loop()
+        if how == "eager_task_factory":
+            loop.set_task_factory(asyncio.eager_task_factory)
+            task = asyncio.create_task(child(), name="eager-child")
+        else:
+            task = asyncio.create_task(child(), name="eager-child", eager_start=True)  # type: ignore[call-arg]
+        return await task
+
+    assert run_on("asyncio", main()) == "done"
+    assert detector.names() == ["os.stat"]
+    assert detector.calls[0]["entry_point"].endswith(CASES[2].site)
+    assert detector.events[0].task_name == "eager-child"

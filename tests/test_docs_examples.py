@@ -42,6 +42,7 @@ RUN_ELSEWHERE = {
     "examples/log_with_logging.py": "tests/test_logging.py",
     "examples/log_with_structlog.py": "tests/test_logging.py",
     "examples/pytest/test_example.py": "tests/test_pytest_plugin.py",
+    "examples/pytest/uvloop_conftest.py": "tests/test_pytest_plugin.py",
 }
 # Examples run here, by the test named.
 RUN_HERE = {
@@ -210,7 +211,14 @@ def test_framework_example_under_uvicorn(framework: str) -> None:
     port = free_port()
     command = [sys.executable, "-m", "uvicorn", f"{framework}_app:app", "--port", str(port), "--log-level", "warning"]
     server = subprocess.Popen(
-        command, cwd=ROOT / "examples" / "frameworks", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command,
+        cwd=ROOT / "examples" / "frameworks",
+        # The example prints its events: unbuffered, since uvicorn ends by
+        # re-raising SIGTERM, which on 3.14 leaves a pipe's buffer unflushed.
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         response = _get_when_up(f"http://127.0.0.1:{port}/readme", server)
@@ -255,7 +263,7 @@ def test_server_command_from_the_docs(command: str) -> None:
     server = subprocess.Popen(
         [sys.executable, "-m", tool, *args, "--port", str(port)],
         cwd=ROOT / "examples",
-        env={**os.environ, "AIOCOP_SAMPLE_RATE": "1.0"},
+        env={**os.environ, "AIOCOP_SAMPLE_RATE": "1.0", "PYTHONUNBUFFERED": "1"},  # as above
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -641,14 +641,6 @@ import asyncio
 import os
 import time
 
-import pytest
-import uvloop
-
-
-@pytest.fixture(scope="session")
-def event_loop_policy():
-    return uvloop.EventLoopPolicy()
-
 
 def spin(seconds):
     end = time.perf_counter() + seconds
@@ -678,14 +670,12 @@ async def test_stall():
 
 def test_other_event_loop(pytester: pytest.Pytester) -> None:
     pytest.importorskip("uvloop")
+    # The docs' conftest: pytest-asyncio's hook picks uvloop, with no event loop policy.
+    pytester.makeconftest((ROOT / "examples" / "pytest" / "uvloop_conftest.py").read_text(encoding="utf-8"))
     pytester.makepyfile(test_uvloop=UVLOOP)
+    # Deprecation warnings are errors: nothing may use the event loop policy system.
     result = run(
-        pytester,
-        "--aiocop",
-        "--aiocop-threshold-ms=50",
-        "-W",
-        "ignore::DeprecationWarning",
-        ini="asyncio_mode = auto\n",
+        pytester, "--aiocop", "--aiocop-threshold-ms=50", "-W", "error::DeprecationWarning", ini="asyncio_mode = auto\n"
     )
     expect(
         result,
