@@ -47,9 +47,13 @@ async def report(query: str) -> str:
 
 
 async def stats(query: str) -> str:
+    # Pure CPU, no call to intercept: the stall watchdog sees it. Sized in time
+    # (150 ms, 5x the 30 ms threshold), so it stalls on any machine.
+    deadline = time.perf_counter() + 0.15
     total = 0
-    for i in range(600_000):  # pure CPU: no call to intercept, the stall watchdog sees it
-        total += i * i % 7
+    while time.perf_counter() < deadline:
+        for i in range(1000):
+            total += i * i % 7
     return str(total)
 
 

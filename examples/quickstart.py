@@ -23,13 +23,23 @@ aiocop.detect_slow_tasks(threshold_ms=30, on_slow_task=report)
 # --8<-- [end:setup]
 
 
+def crunch(seconds: float) -> int:
+    """Pure-Python work for `seconds`: sized in time, it stalls the loop on any machine."""
+    deadline = time.perf_counter() + seconds
+    rounds = 0
+    while time.perf_counter() < deadline:
+        for _ in range(1000):
+            rounds += 1
+    return rounds
+
+
 async def handler() -> int:
     config = Path(__file__).read_text()  # blocking file read
     time.sleep(0.05)  # blocking sleep: every other task waits too
     await asyncio.sleep(0)
-    total = sum(i * i for i in range(1_000_000))  # CPU-bound: no call to intercept, the watchdog sees it
+    rounds = crunch(0.1)  # CPU-bound: no call to intercept, the watchdog sees it
     await asyncio.sleep(0.01)
-    return len(config) + total
+    return len(config) + rounds
 
 
 asyncio.run(handler())

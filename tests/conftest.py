@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -159,6 +160,21 @@ class Collector:
 
     def names(self) -> list[str]:
         return [call["name"] for call in self.calls]
+
+    def settle(self, expected: int = 1, timeout: float = 10.0, grace: float = 0.05) -> list[aiocop.SlowTaskEvent]:
+        """The events once `expected` have arrived (or `timeout` passed), and `grace` more seconds.
+
+        The watchdog reports a stall shortly after it ends, from its own
+        thread: on a busy machine "shortly" has no fixed bound, so wait for
+        the events rather than a fixed time, then a little longer so that
+        an unexpected extra one would show too.
+        """
+        deadline = time.monotonic() + timeout
+        while len(self.events) < expected and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(grace)
+        with self._lock:
+            return list(self.events)
 
 
 @pytest.fixture

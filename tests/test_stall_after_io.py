@@ -30,12 +30,12 @@ def test_stall_in_the_step_after_an_io_step(
             with open(__file__, "rb") as f:
                 f.read()
         await asyncio.sleep(0)  # the very next iteration:
-        stalls.spin(0.08)  # a stall of its own
+        stalls.spin(0.1)  # a stall of its own
         await asyncio.sleep(0.02)
 
     run_on(loop_name, main())
-    time.sleep(0.05)
-    reasons = [(e.reason, e.blocking_events[0]["name"] if e.blocking_events else None) for e in watchdog.events]
+    events = watchdog.settle(2)
+    reasons = [(e.reason, e.blocking_events[0]["name"] if e.blocking_events else None) for e in events]
     expected_io = "time.sleep" if blocking == "sleep" else "open"
     assert reasons == [("io_blocking", expected_io), ("cpu_blocking", None)], [
         (e.reason, round(e.elapsed_ms), e.call_site) for e in watchdog.events
