@@ -11,10 +11,12 @@ DOCS_STAMP := $(VENV)/.docs-installed
 
 .PHONY: demo test lint typecheck check clean bench docs
 
+# pip prints what it collects and installs: the first run takes a few minutes.
 $(STAMP): pyproject.toml
+	@echo "=== creating $(VENV) for Python $(PYVER) and installing aiocop with its test tools (a few minutes, once)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -24,8 +26,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider
 
 lint: $(STAMP)
-	$(BIN)/ruff check aiocop tests benchmarks examples
-	$(BIN)/ruff format --check aiocop tests benchmarks examples
+	$(BIN)/ruff check aiocop tests benchmarks examples docs/hooks
+	$(BIN)/ruff format --check aiocop tests benchmarks examples docs/hooks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -33,7 +35,8 @@ typecheck: $(STAMP)
 check: lint typecheck test
 
 $(DOCS_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	@echo "=== installing the documentation tools into $(VENV)"
+	$(BIN)/python -m pip install -e '.[docs]'
 	touch $(DOCS_STAMP)
 
 # Strict: a broken link, a missing page or a missing snippet fails the build.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -51,3 +52,20 @@ def test_quickstart_example_prints_what_the_page_shows() -> None:
         # The file's absolute path and the stall's length differ from run to run.
         shown = re.sub(r"stall of \d+ ms", "stall of 101 ms", printed.replace(str(ROOT), "/srv"))
         assert shown in page, f"docs/quickstart.md does not show: {shown}"
+
+
+def test_the_site_link_check_finds_links_that_open_no_file(tmp_path: Path) -> None:
+    # The docs build's hook (docs/hooks/site_links.py): the site opened from
+    # disk must never land on a folder listing or a missing file.
+    spec = importlib.util.spec_from_file_location("site_links", ROOT / "docs" / "hooks" / "site_links.py")
+    assert spec is not None and spec.loader is not None
+    site_links = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site_links)
+    (tmp_path / "guide").mkdir()
+    (tmp_path / "guide" / "page.html").write_text('<a href="../index.html#top">home</a><img src="missing.png">')
+    (tmp_path / "index.html").write_text(
+        '<a href="guide/page.html">a page</a> <a href="guide/">a folder</a> <a href="https://example.org/">away</a>'
+        ' <a href="#here">here</a> <script src="guide/page.html?v=1"></script>'
+    )
+    (tmp_path / "404.html").write_text('<a href="/anywhere.html">served at any depth</a>')
+    assert sorted(site_links.broken_links(str(tmp_path))) == ["guide/page.html: missing.png", "index.html: guide/"]
