@@ -77,6 +77,7 @@ async def measure(name: str, tasks: int, reps: int, probe: _mode.Probe | None) -
     await asyncio.sleep(0.01)
     us_per_task: list[float] = []
     delivered: list[int] = []
+    stalls: list[int] = []
     problems: list[str] = []
     for _ in range(reps):
         gc.collect()
@@ -87,11 +88,13 @@ async def measure(name: str, tasks: int, reps: int, probe: _mode.Probe | None) -
         await asyncio.sleep(0.01)  # deliveries of the last steps, if any are left
         if probe is not None:
             delivered.append(probe.count)
+            stalls.append(probe.stalls)
             problems += [p for p in (_mode.check_event(e, calls, SITE) for e in probe.kept) if p]
     expected = tasks if calls else 0
     result: dict[str, Any] = {"us_per_task": us_per_task, "expected_events": expected}
     if probe is not None:
         result["delivered"] = delivered
+        result["stalls"] = stalls  # a busy machine's, not the workload's: see _mode.Probe
         result["checked_events"] = reps * len(range(0, expected, probe.keep_every))
         result["problems"] = sorted(set(problems))[:5]
         result["ok"] = all(d == expected for d in delivered) and not problems
