@@ -6,6 +6,11 @@ for the whole application, on every thread: it first checks, as cheaply as
 possible, whether the call can block and whether this thread is running an
 event loop, and otherwise calls the original at once. Events are only raised
 on threads that run an event loop.
+
+A wrapper must be indistinguishable from what it replaces: it hands its event
+to aiocop's hook directly (other audit hooks see only what CPython raises), a
+builtin's stand-in is never bound as a method and pickles as the original
+(`BuiltinLike`), and it joins every `os.supports_*` set its original is in.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ import os
 import select
 import sys
 import threading
+import types
 from asyncio import _get_running_loop as get_running_loop
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from aiocop import _typepatch
@@ -99,7 +105,16 @@ PATCH_TARGETS: tuple[PatchTarget, ...] = (
 
 PollType: type | None = type(select.poll()) if hasattr(select, "poll") else None
 
-_audit = sys.audit
+
+def _no_hook(event: str, args: tuple[Any, ...]) -> None:
+    pass
+
+
+# aiocop's audit hook, called directly by the wrappers rather than through
+# sys.audit: the events they raise are aiocop's own business, and other audit
+# hooks (a sandbox denying os.*) must see exactly what CPython raises. Set by
+# patch_audit_functions; a direct call adds no frame that sys.audit did not.
+_audit_hook: Callable[[str, tuple[Any, ...]], None] = _no_hook
 
 
 def _may_wait(timeout: Any) -> bool:
@@ -116,7 +131,7 @@ def _may_wait(timeout: Any) -> bool:
 def _path(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if get_running_loop() is not None:
-            _audit(event, args[0] if args else kwargs.get("path"))
+            _audit_hook(event, (args[0] if args else kwargs.get("path"),))
         return original(*args, **kwargs)
 
     return wrapper
@@ -125,7 +140,7 @@ def _path(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 def _call(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if get_running_loop() is not None:
-            _audit(event, *args)
+            _audit_hook(event, args)
         return original(*args, **kwargs)
 
     return wrapper
@@ -134,7 +149,7 @@ def _call(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 def _sleep(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(secs: float) -> None:
         if get_running_loop() is not None and _may_wait(secs):
-            _audit(event, secs)
+            _audit_hook(event, (secs,))
         return original(secs)  # type: ignore[no-any-return]
 
     return wrapper
@@ -145,7 +160,7 @@ def _socket(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     # case: test that first.
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         if self.gettimeout() != 0.0 and get_running_loop() is not None:
-            _audit(event, self)
+            _audit_hook(event, (self,))
         return original(self, *args, **kwargs)
 
     return wrapper
@@ -161,7 +176,7 @@ def _fd_blocking(fd: Any) -> bool:
 def _fd_read(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(fd: int, length: int, /) -> bytes:
         if get_running_loop() is not None and _fd_blocking(fd):
-            _audit(event, fd, length)
+            _audit_hook(event, (fd, length))
         return original(fd, length)  # type: ignore[no-any-return]
 
     return wrapper
@@ -174,7 +189,7 @@ def _fd_write(original: Callable[..., Any], event: str) -> Callable[..., Any]:
                 size = len(data)
             except TypeError:  # not a buffer: os.write raises its own error below
                 size = None
-            _audit(event, fd, size)
+            _audit_hook(event, (fd, size))
         return original(fd, data)  # type: ignore[no-any-return]
 
     return wrapper
@@ -183,7 +198,7 @@ def _fd_write(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 def _select(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(rlist: Any, wlist: Any, xlist: Any, timeout: float | None = None, /) -> Any:
         if _may_wait(timeout) and get_running_loop() is not None:
-            _audit(event, timeout)
+            _audit_hook(event, (timeout,))
         return original(rlist, wlist, xlist, timeout)
 
     return wrapper
@@ -192,7 +207,7 @@ def _select(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 def _poll(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any, timeout: float | None = None, /) -> Any:
         if timeout != 0 and get_running_loop() is not None:
-            _audit(event, timeout)
+            _audit_hook(event, (timeout,))
         return original(self, timeout)
 
     return wrapper
@@ -208,7 +223,7 @@ def _lock_acquire(original: Callable[..., Any], event: str) -> Callable[..., Any
             return original(self, blocking, timeout)  # type: ignore[no-any-return] # its own error
         if original(self, False):
             return True
-        _audit(event, timeout)
+        _audit_hook(event, (timeout,))
         return original(self, True, timeout)  # type: ignore[no-any-return]
 
     return wrapper
@@ -235,7 +250,7 @@ def _lock_enter(original: Callable[..., Any], event: str) -> Callable[..., Any]:
             return original(self)  # type: ignore[no-any-return]
         if _c_acquire(self)(self, False):
             return True
-        _audit(event, None)
+        _audit_hook(event, (None,))
         return original(self)  # type: ignore[no-any-return]
 
     return wrapper
@@ -244,7 +259,7 @@ def _lock_enter(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 def _event_wait(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any, timeout: float | None = None) -> bool:
         if _may_wait(timeout) and not self.is_set() and get_running_loop() is not None:
-            _audit(event, timeout)
+            _audit_hook(event, (timeout,))
         return original(self, timeout)  # type: ignore[no-any-return]
 
     return wrapper
@@ -253,7 +268,7 @@ def _event_wait(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 def _condition_wait(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any, timeout: float | None = None) -> bool:
         if _may_wait(timeout) and get_running_loop() is not None:
-            _audit(event, timeout)
+            _audit_hook(event, (timeout,))
         return original(self, timeout)  # type: ignore[no-any-return]
 
     return wrapper
@@ -262,7 +277,7 @@ def _condition_wait(original: Callable[..., Any], event: str) -> Callable[..., A
 def _queue_get(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any, block: bool = True, timeout: float | None = None) -> Any:
         if block and _may_wait(timeout) and not self._qsize() and get_running_loop() is not None:
-            _audit(event, timeout)
+            _audit_hook(event, (timeout,))
         return original(self, block, timeout)
 
     return wrapper
@@ -271,7 +286,7 @@ def _queue_get(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 def _queue_put(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any, item: Any, block: bool = True, timeout: float | None = None) -> None:
         if block and _may_wait(timeout) and 0 < self.maxsize <= self._qsize() and get_running_loop() is not None:
-            _audit(event, timeout)
+            _audit_hook(event, (timeout,))
         return original(self, item, block, timeout)  # type: ignore[no-any-return]
 
     return wrapper
@@ -295,6 +310,76 @@ _FACTORIES: dict[str, Callable[[Callable[..., Any], str], Callable[..., Any]]] =
 }
 
 
+class BuiltinLike(staticmethod):  # type: ignore[type-arg]
+    """The stand-in for a builtin function: called as it is, never bound, pickled and copied as the original.
+
+    A builtin is not a descriptor: `sleep = time.sleep` in a class body stays a
+    plain function of the instances. A Python function would become a method
+    there (and be given `self`); a staticmethod is called directly (in C, with
+    no frame of its own) and is never bound. Its name, qualified name, module
+    and docstring come from the wrapped function, which has the original's.
+    """
+
+    __slots__ = ()
+
+    @property
+    def original(self) -> Any:
+        return self.__wrapped__.__wrapped__  # type: ignore[attr-defined] # set by functools.wraps
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # By reference to the original's own module and name (posix:stat), as
+        # pickle saves the builtin itself: it unpickles anywhere, aiocop or not.
+        import pkgutil  # noqa: PLC0415 - only when pickled
+
+        original = self.original
+        return (pkgutil.resolve_name, (f"{original.__module__}:{original.__qualname__}",))
+
+    def __copy__(self) -> BuiltinLike:
+        return self  # functions are atomic to `copy`
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> BuiltinLike:
+        return self
+
+    def __repr__(self) -> str:
+        return repr(self.original)
+
+
+def _stand_in(original: Any, wrapper: Callable[..., Any], owner: Any) -> Any:
+    """`wrapper` dressed as `original`, as `owner` will hold it."""
+    functools.wraps(original)(wrapper)
+    if hasattr(original, "__text_signature__"):  # what inspect.signature reads of a builtin
+        wrapper.__text_signature__ = original.__text_signature__  # type: ignore[attr-defined]
+    if isinstance(owner, type):
+        # A method: a function binds like the C method it replaces. Pickle
+        # finds it by module and qualified name: the owner's, when the C
+        # method has no module of its own.
+        if not hasattr(original, "__module__"):
+            wrapper.__module__ = owner.__module__
+        return wrapper
+    if isinstance(original, types.FunctionType):
+        return wrapper
+    stand_in = BuiltinLike(wrapper)
+    if hasattr(original, "__text_signature__"):
+        stand_in.__text_signature__ = original.__text_signature__  # type: ignore[attr-defined] # its own __dict__
+    return stand_in
+
+
+# The standard library's feature checks (`os.stat in os.supports_follow_symlinks`,
+# made by shutil at import and by copystat at each call) must give the same
+# answers for a wrapper as for its original.
+_FEATURE_SETS = tuple(name for name in dir(os) if name.startswith("supports_"))
+
+
+def _join_feature_sets(original: Any, wrapper: Any) -> list[set[Any]]:
+    joined = []
+    for name in _FEATURE_SETS:
+        features = getattr(os, name)
+        if isinstance(features, set) and original in features and wrapper not in features:
+            features.add(wrapper)
+            joined.append(features)
+    return joined
+
+
 @dataclass
 class _Patch:
     target: PatchTarget
@@ -302,6 +387,7 @@ class _Patch:
     original: Any
     own_attr: bool  # the attribute was in the owner's own dict (not inherited)
     wrapper: Any
+    feature_sets: list[set[Any]] = field(default_factory=list)  # the os.supports_* sets it joined
 
 
 _applied: list[_Patch] = []
@@ -336,6 +422,10 @@ def patch_audit_functions(exclude: Iterable[str] = ()) -> None:
     if unknown:
         raise ValueError(f"unknown patch target(s) {sorted(unknown)}; see aiocop.get_patched_functions()")
     unpatch_audit_functions()
+    global _audit_hook
+    from aiocop._hook import audit_hook  # noqa: PLC0415 - _hook imports this module
+
+    _audit_hook = audit_hook
     for target in PATCH_TARGETS:
         if target.name in excluded or (target.until is not None and sys.version_info >= target.until):
             continue
@@ -345,14 +435,15 @@ def patch_audit_functions(exclude: Iterable[str] = ()) -> None:
                 continue  # not on this platform
             original = getattr(owner, target.attr)
             own_attr = target.attr in vars(owner)
-            wrapper = functools.wraps(original)(_FACTORIES[target.kind](original, target.event))
+            wrapper = _stand_in(original, _FACTORIES[target.kind](original, target.event), owner)
             _typepatch.set_type_attr(owner, target.attr, wrapper) if isinstance(owner, type) else setattr(
                 owner, target.attr, wrapper
             )
         except Exception:
             logger.warning("aiocop: could not wrap %s; it will not be detected", target.name, exc_info=True)
             continue
-        _applied.append(_Patch(target, owner, original, own_attr, wrapper))
+        feature_sets = _join_feature_sets(original, wrapper) if owner is os else []
+        _applied.append(_Patch(target, owner, original, own_attr, wrapper, feature_sets))
 
 
 def unpatch_audit_functions() -> None:
@@ -360,6 +451,8 @@ def unpatch_audit_functions() -> None:
     left: list[str] = []  # replaced by another tool since: not ours to restore
     while _applied:
         patch = _applied.pop()
+        for features in patch.feature_sets:
+            features.discard(patch.wrapper)
         owner, attr = patch.owner, patch.target.attr
         if getattr(owner, attr, None) is not patch.wrapper:
             left.append(patch.target.name)
