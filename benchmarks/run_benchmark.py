@@ -43,8 +43,9 @@ if TYPE_CHECKING:
 SECTIONS = ("pertask", "asgi", "echo", "scaling")
 DOCS_ASSETS = common.ROOT / "docs" / "assets" / "benchmarks"
 DOCS_PAGE = common.ROOT / "docs" / "benchmarks.md"
-DOCS_START = "<!-- results: written by `run_benchmark.py --docs`, do not edit by hand -->"
-DOCS_END = "<!-- end of results -->"
+# The page's generated blocks, each between its two markers: the machine at the
+# top beside the summary (whose table is written by hand), the tables in "Results".
+DOCS_BLOCKS = ("machine", "results")
 ECHO_GENERATOR = "python (children/echo_client.py, uvloop)"
 HTTP_FALLBACK = "python (children/http_client.py, uvloop)"
 
@@ -268,7 +269,7 @@ def write(results: dict[str, Any], args: argparse.Namespace) -> int:
     (out / "results.md").write_text(text, encoding="utf-8")
     print(text)
     if args.docs:
-        update_docs_page(report.markdown(results, level=3))
+        update_docs_page({"machine": report.machine(results) + "\n", "results": report.tables(results, level=3)})
     print(f"{results['suite']['seconds']:.0f} s; results in {out}", file=sys.stderr)
     if not results["checks"]["all_ok"]:
         print("CHECKS FAILED:\n  " + "\n  ".join(results["checks"]["problems"]), file=sys.stderr)
@@ -276,15 +277,23 @@ def write(results: dict[str, Any], args: argparse.Namespace) -> int:
     return 0
 
 
-def update_docs_page(text: str) -> None:
-    """Replace the generated block of docs/benchmarks.md; the prose around it is written by hand."""
-    page = DOCS_PAGE.read_text(encoding="utf-8")
-    if DOCS_START not in page or DOCS_END not in page:
-        raise SystemExit(f"{DOCS_PAGE}: the markers {DOCS_START!r} and {DOCS_END!r} are missing")
-    before, _, rest = page.partition(DOCS_START)
-    after = rest.partition(DOCS_END)[2]
-    DOCS_PAGE.write_text(f"{before}{DOCS_START}\n\n{text}\n{DOCS_END}{after}", encoding="utf-8")
-    common.progress(f"updated {DOCS_PAGE} and {DOCS_ASSETS}")
+def docs_markers(block: str) -> tuple[str, str]:
+    return f"<!-- {block}: written by `run_benchmark.py --docs`, do not edit by hand -->", f"<!-- end of {block} -->"
+
+
+def update_docs_page(blocks: dict[str, str], page_path: Path = DOCS_PAGE) -> None:
+    """Replace the generated blocks of docs/benchmarks.md; the prose around them is written by hand."""
+    page = page_path.read_text(encoding="utf-8")
+    for block in DOCS_BLOCKS:
+        start, end = docs_markers(block)
+        if page.count(start) != 1 or page.count(end) != 1 or page.index(start) > page.index(end):
+            raise SystemExit(f"{page_path}: the markers {start!r} and {end!r} must each appear once, in that order")
+        before, _, rest = page.partition(start)
+        after = rest.partition(end)[2]
+        page = f"{before}{start}\n\n{blocks[block]}\n{end}{after}"
+    page_path.write_text(page, encoding="utf-8")
+    common.progress(f"updated {page_path} and {DOCS_ASSETS}")
+    common.progress("the summary table at the top of the page is written by hand: update it from the Targets table")
 
 
 if __name__ == "__main__":

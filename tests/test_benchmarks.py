@@ -9,6 +9,7 @@ detection live.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import shutil
@@ -121,6 +122,27 @@ def test_plots_written(quick: tuple[dict[str, Any], Path, str]) -> None:
     assert results["plots"]["files"] == ["pertask_overhead.png", "throughput.png", "scaling.png"]
     for name in results["plots"]["files"]:
         assert (out / name).read_bytes().startswith(b"\x89PNG")
+
+
+def test_docs_page_keeps_the_blocks_run_benchmark_writes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # `run_benchmark.py --docs` rewrites the page's generated blocks (the
+    # machine beside the summary, the tables in "Results") and nothing else.
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    run_benchmark = importlib.import_module("run_benchmark")
+    page = run_benchmark.DOCS_PAGE.read_text(encoding="utf-8")
+    copy = tmp_path / "benchmarks.md"
+    copy.write_text(page, encoding="utf-8")
+    run_benchmark.update_docs_page({block: f"new {block}\n" for block in run_benchmark.DOCS_BLOCKS}, copy)
+    written = copy.read_text(encoding="utf-8")
+    kept = page
+    for block in run_benchmark.DOCS_BLOCKS:
+        start, end = run_benchmark.docs_markers(block)
+        assert f"{start}\n\nnew {block}\n\n{end}" in written
+        before, _, rest = kept.partition(start)
+        kept = f"{before}{start}\n\nnew {block}\n\n{end}{rest.partition(end)[2]}"
+    assert written == kept
+    assert written.index("## Summary") < written.index("<!-- machine:") < written.index("## Run it")
+    assert written.index("## Results") < written.index("<!-- results:")
 
 
 INSTRUCTIONS = ROOT / "benchmarks" / "instructions.py"

@@ -155,10 +155,14 @@ def machine(results: dict[str, Any]) -> str:
 
 
 def markdown(results: dict[str, Any], level: int = 2) -> str:
-    """Every table, under headings of `level` (3 inside the docs page's "Results")."""
+    """The machine and every table, under headings of `level` (results.md and the printed report)."""
+    return "\n\n".join([f"{'#' * level} Machine", machine(results), tables(results, level)])
+
+
+def tables(results: dict[str, Any], level: int = 2) -> str:
+    """Every table but the machine's, under headings of `level` (3 inside the docs page's "Results")."""
     h = "#" * level
-    parts = [f"{h} Machine", machine(results)]
-    parts += [f"{h} Targets", targets(results["targets"])]
+    parts = [f"{h} Targets", targets(results["targets"])]
     if "loops" in results["pertask"]:
         parts += [f"{h} Per-task overhead", pertask(results["pertask"])]
     if "servers" in results["asgi"]:
