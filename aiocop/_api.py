@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("aiocop")
 
+# The watchdog's intervals are waits of its thread: a watchdog that looks less
+# than once an hour watches nothing, and past ~10^9 s the wait itself fails.
+_HOUR_MS = 3_600_000.0
+
 
 def start_blocking_io_detection(
     trace_depth: int = 20,
@@ -111,9 +115,9 @@ def start_cpu_sampling(
         max_samples_per_slice: Samples kept per stall.
         trace_depth: Frames kept per sample.
     """
-    interval = check_ms("interval_ms", interval_ms)
-    arm_after = None if arm_after_ms is None else check_ms("arm_after_ms", arm_after_ms)
-    idle_interval = None if idle_interval_ms is None else check_ms("idle_interval_ms", idle_interval_ms)
+    interval = check_ms("interval_ms", interval_ms, _HOUR_MS)
+    arm_after = None if arm_after_ms is None else check_ms("arm_after_ms", arm_after_ms, _HOUR_MS)
+    idle_interval = None if idle_interval_ms is None else check_ms("idle_interval_ms", idle_interval_ms, _HOUR_MS)
     max_samples = check_int("max_samples_per_slice", max_samples_per_slice, 1)
     depth = check_int("trace_depth", trace_depth, 1)
     sampling = _watchdog.sampling

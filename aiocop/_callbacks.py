@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from asyncio import _get_running_loop as get_running_loop
 from collections.abc import Callable
 from time import perf_counter
@@ -119,35 +120,59 @@ def _warn_slow(func: object, what: str, elapsed_ms: float) -> None:
 # comparison inline: these loops run once per event, on the loop's thread.
 
 
+# What a callback or provider raises never harms the application or the
+# delivery: an exception is logged (once per callback) and ignored, and so is
+# SystemExit (a callback is not the program). KeyboardInterrupt on the main
+# thread is most likely the user's Ctrl-C arriving while a callback ran: the
+# event still reaches every other callback, then the interrupt goes on, as it
+# would have without aiocop. Elsewhere only the callback can have raised it,
+# and it is contained like the rest.
+
+
+def _contain(error: BaseException, func: object, what: str) -> KeyboardInterrupt | None:
+    """Log what `func` raised; the KeyboardInterrupt to raise once the delivery is done, if any."""
+    if isinstance(error, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+        return error
+    if _first_time("error", func):
+        logger.error(
+            "aiocop: %s %s raised %s (ignored; its later errors are not logged)",
+            what,
+            _name(func),
+            type(error).__name__,
+            exc_info=error,
+        )
+    return None
+
+
 def capture_context() -> dict[str, Any]:
     context: dict[str, Any] = {}
+    interrupted: KeyboardInterrupt | None = None
     for provider in _providers:
         start = perf_counter()
         try:
             value = provider()
             if value is not None:
                 context.update(value)
-        except Exception:
-            if _first_time("error", provider):
-                logger.exception(
-                    "aiocop: context provider %s raised (ignored; its later errors are not logged)", _name(provider)
-                )
+        except BaseException as error:
+            interrupted = _contain(error, provider, "context provider") or interrupted
         elapsed_ms = (perf_counter() - start) * 1000.0
         if elapsed_ms >= _state.config.threshold_ms:
             _warn_slow(provider, "context provider", elapsed_ms)
+    if interrupted is not None:
+        raise interrupted
     return context
 
 
 def invoke_callbacks(event: SlowTaskEvent) -> None:
+    interrupted: KeyboardInterrupt | None = None
     for callback in _callbacks:
         start = perf_counter()
         try:
             callback(event)
-        except Exception:
-            if _first_time("error", callback):
-                logger.exception(
-                    "aiocop: slow-task callback %s raised (ignored; its later errors are not logged)", _name(callback)
-                )
+        except BaseException as error:
+            interrupted = _contain(error, callback, "slow-task callback") or interrupted
         elapsed_ms = (perf_counter() - start) * 1000.0
         if elapsed_ms >= _state.config.threshold_ms:
             _warn_slow(callback, "slow-task callback", elapsed_ms)
+    if interrupted is not None:
+        raise interrupted

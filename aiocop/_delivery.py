@@ -19,7 +19,7 @@ from queue import SimpleQueue
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-from aiocop import _callbacks, _hook, _loops, _state, _watchdog
+from aiocop import _callbacks, _forksafe, _hook, _loops, _state, _watchdog
 from aiocop._events import BlockingEventInfo, CpuStackSample, RawBlockingEvent, SlowTaskEvent
 from aiocop._exceptions import HighSeverityBlockingIoException
 from aiocop._frames import format_frame, is_internal_file
@@ -118,9 +118,18 @@ def format_blocking_event(raw_event: RawBlockingEvent) -> BlockingEventInfo:
     if missing:
         raise TypeError(f"raw_event lacks the RawBlockingEvent key(s) {missing}")
     args = raw_event["raw_args"]
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"raw_event['raw_args'] must be a tuple of the call's arguments, not {args!r}")
     if len(args) == 2 and isinstance(args[0], tuple) and isinstance(args[1], dict):
         args = args[0]  # 1.x wrappers passed (args, kwargs)
-    frames = list(raw_event["raw_stack"])
+    stack = raw_event["raw_stack"]
+    if not isinstance(stack, (tuple, list)) or not all(
+        isinstance(frame, (tuple, list)) and len(frame) == 3 for frame in stack
+    ):
+        raise TypeError(f"raw_event['raw_stack'] must be a list of (filename, lineno, function) tuples, not {stack!r}")
+    if not isinstance(raw_event["event_name"], str):
+        raise TypeError(f"raw_event['event_name'] must be a string, not {raw_event['event_name']!r}")
+    frames = list(stack)
     texts = [format_frame(f) for f in frames]
     info = _info(raw_event["event_name"], _format_args(tuple(args)), frames, texts, None, raw_event["severity"])
     info["timestamp"] = raw_event["timestamp"]
@@ -426,7 +435,7 @@ class _Worker:
         # before it has been delivered (see drain).
         self._queue: SimpleQueue[list[StepGroup] | threading.Event | Callable[[], None]] = SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._lock = _forksafe.lock()
 
     def submit(self, groups: list[StepGroup]) -> None:
         if self._thread is None:
@@ -453,14 +462,17 @@ class _Worker:
             if callable(groups):
                 try:
                     groups()
-                except Exception:
+                except BaseException:  # this thread must outlive anything a delivery raises
                     _hook._internal_error("delivering off the loop")
                 continue
             for group in groups:
                 if not group.t_end:
                     group.t_end = perf_counter()
-                # A copy: the loop thread may still be inside the original.
-                group.context.copy().run(deliver_now, group)
+                try:
+                    # A copy: the loop thread may still be inside the original.
+                    group.context.copy().run(deliver_now, group)
+                except BaseException:  # this thread must outlive anything a delivery raises
+                    _hook._internal_error("delivering off the loop")
 
     def drain(self, timeout: float = 5.0) -> None:
         """Wait for what is queued, then deliver what was never scheduled, on this thread."""

@@ -9,13 +9,12 @@ of occurrences it stands for.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aiocop import _callbacks
+from aiocop import _callbacks, _forksafe
 from aiocop._report import STALL, call_site, describe, to_record
 from aiocop._validate import check_callable, check_int, check_number
 
@@ -64,7 +63,7 @@ class CallSiteLimiter:
         check_callable("clock", clock, 0)
         self._clock = clock
         self._sites: OrderedDict[tuple[str, str], _Site] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = _forksafe.lock()
 
     def check(self, event: SlowTaskEvent) -> Occurrence | None:
         """`None` to skip this event, else how to log it."""

@@ -22,6 +22,7 @@ from asyncio import AbstractEventLoop, _get_running_loop
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from aiocop import _forksafe
 from aiocop._internals import LOOP_FRAMES
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def _cpu_clock(thread_id: int) -> int | None:
 # read by the watchdog; replaced whole on every change so readers never see
 # a dict being resized.
 watches: dict[int, LoopWatch] = {}
-_watch_lock = threading.Lock()
+_watch_lock = _forksafe.lock()
 # Called with the new watch when a loop starts (the watchdog wakes up).
 on_change: Callable[[], None] | None = None
 # Called by a loop's thread as the loop stops, with the loop (set by _delivery).
@@ -163,11 +164,20 @@ def ensure_registered(loop: AbstractEventLoop) -> None:
 
 
 _PYTHON_LOOP_PACKAGES = frozenset(f.module.partition(".")[0] for f in LOOP_FRAMES)
-_original_set_hooks: Callable[..., Any] | None = None
 _MISSING = object()
+# The two calls wrapped below, as they were before aiocop wrapped them. Kept
+# once set, never reset: anyone who bound a wrapper while aiocop was installed
+# (rloop does `from asyncio.events import _set_running_loop`) still calls it
+# after stop(), and it must then pass through to the original.
+_original_set_hooks: Callable[..., Any] = sys.set_asyncgen_hooks
+_original_set_running: Callable[[AbstractEventLoop | None], None] = asyncio.events._set_running_loop
+_tracking = False  # between install() and uninstall(): the wrappers record starts and stops
+_install_lock = _forksafe.lock()
 
 
 def _set_asyncgen_hooks(*args: Any, **kwargs: Any) -> Any:
+    if not _tracking:
+        return _original_set_hooks(*args, **kwargs)
     firstiter = kwargs.get("firstiter", args[0] if args else _MISSING)
     owner = getattr(firstiter, "__self__", None)
     try:
@@ -182,16 +192,15 @@ def _set_asyncgen_hooks(*args: Any, **kwargs: Any) -> Any:
             unregister(threading.get_ident(), stopping=True)  # hooks restored: the loop stopped
     except Exception:  # never let bookkeeping break a loop's start
         logger.exception("aiocop: could not track an event loop start/stop (ignored)")
-    assert _original_set_hooks is not None
     return _original_set_hooks(*args, **kwargs)
-
-
-_original_set_running: Callable[[AbstractEventLoop | None], None] | None = None
 
 
 def _set_running_loop(loop: AbstractEventLoop | None) -> None:
     # The other start/stop signal, for loops written in Python that set no
     # asyncgen hooks (veloxloop): they call asyncio.events._set_running_loop.
+    if not _tracking:
+        _original_set_running(loop)
+        return
     try:
         if isinstance(loop, AbstractEventLoop):
             python_loop = type(loop).__module__.partition(".")[0] in _PYTHON_LOOP_PACKAGES
@@ -200,43 +209,41 @@ def _set_running_loop(loop: AbstractEventLoop | None) -> None:
             unregister(threading.get_ident(), stopping=True)
     except Exception:
         logger.exception("aiocop: could not track an event loop start/stop (ignored)")
-    assert _original_set_running is not None
     _original_set_running(loop)
 
 
 def install() -> None:
     """Wrap the two calls every loop makes when it starts and stops (idempotent),
     and register a loop already running here."""
-    global _original_set_hooks, _original_set_running
-    if _original_set_hooks is None:
-        _original_set_hooks = sys.set_asyncgen_hooks
-        sys.set_asyncgen_hooks = _set_asyncgen_hooks
-    if _original_set_running is None:
-        _original_set_running = asyncio.events._set_running_loop
-        asyncio.events._set_running_loop = _set_running_loop
+    global _original_set_hooks, _original_set_running, _tracking
+    with _install_lock:  # from several threads at once: wrapped once, never a wrapper of the wrapper
+        if sys.set_asyncgen_hooks is not _set_asyncgen_hooks:
+            _original_set_hooks = sys.set_asyncgen_hooks
+            sys.set_asyncgen_hooks = _set_asyncgen_hooks
+        if asyncio.events._set_running_loop is not _set_running_loop:
+            _original_set_running = asyncio.events._set_running_loop
+            asyncio.events._set_running_loop = _set_running_loop
+        _tracking = True
     running = _get_running_loop()
     if running is not None:
         ensure_registered(running)
 
 
 def uninstall() -> None:
-    global _original_set_hooks, _original_set_running, watches
-    if _original_set_hooks is not None:
+    global watches, _tracking
+    with _install_lock:
+        _tracking = False
         if sys.set_asyncgen_hooks is _set_asyncgen_hooks:
             sys.set_asyncgen_hooks = _original_set_hooks
-        _original_set_hooks = None
-    if _original_set_running is not None:
         if asyncio.events._set_running_loop is _set_running_loop:
             asyncio.events._set_running_loop = _original_set_running
-        _original_set_running = None
     with _watch_lock:
         watches = {}
     retired.clear()
 
 
 def reinit_after_fork() -> None:
-    global watches, _watch_lock
-    _watch_lock = threading.Lock()
+    global watches  # (_watch_lock is reset by _forksafe)
     # Only the forking thread survives; its loop (if any) keeps running there.
     ident = threading.get_ident()
     watches = {k: v for k, v in watches.items() if k == ident}

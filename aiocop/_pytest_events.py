@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, cast, overload
 
-from aiocop import _delivery, _hook, _loops, _watchdog
+from aiocop import _delivery, _forksafe, _hook, _loops, _watchdog
 from aiocop._report import STALL, call_site, describe, source_line
 from aiocop._severity import level_threshold
 
@@ -34,7 +34,7 @@ class Recorder:
     """The session's slow-task callback: appends each event to the phase open when it arrives."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = _forksafe.lock()
         self._open: list[SlowTaskEvent] | None = None
 
     def __call__(self, event: SlowTaskEvent) -> None:

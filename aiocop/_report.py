@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import linecache
 import os
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from aiocop import _forksafe
 from aiocop._severity import level_rank
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ class Summary:
 
     def __init__(self) -> None:
         self._rows: dict[tuple[str, str], SiteStats] = {}
-        self._lock = threading.Lock()
+        self._lock = _forksafe.lock()
         self.events = 0
         self.dropped_calls = 0
 

@@ -66,6 +66,10 @@ class ContextVarScope(Generic[T]):
         self._on_exit(entered)
 
     def __call__(self, func: F) -> F:
+        if inspect.isasyncgenfunction(func):
+            return self._wrap_async_generator(func)
+        if inspect.isgeneratorfunction(func):
+            return self._wrap_generator(func)
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
@@ -81,3 +85,57 @@ class ContextVarScope(Generic[T]):
                 return func(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+    # A generator runs a little each time it is resumed, in the context of
+    # whoever resumes it: the scope is entered around each resumption and left
+    # before each value is handed out, so it never leaks into the consumer.
+
+    def _wrap_generator(self, func: F) -> F:
+        @functools.wraps(func)
+        def generator_wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                inner = func(*args, **kwargs)
+            resume: Callable[[], Any] = inner.__next__
+            while True:
+                try:
+                    with self:
+                        item = resume()
+                except StopIteration as stop:
+                    return stop.value
+                try:
+                    sent = yield item
+                except GeneratorExit:
+                    with self:
+                        inner.close()
+                    raise
+                except BaseException as error:
+                    resume = functools.partial(inner.throw, error)
+                else:
+                    resume = functools.partial(inner.send, sent)
+
+        return generator_wrapper  # type: ignore[return-value]
+
+    def _wrap_async_generator(self, func: F) -> F:
+        @functools.wraps(func)
+        async def async_generator_wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                inner = func(*args, **kwargs)
+            resume: Callable[[], Any] = inner.__anext__
+            while True:
+                try:
+                    with self:
+                        item = await resume()
+                except StopAsyncIteration:
+                    return
+                try:
+                    sent = yield item
+                except GeneratorExit:
+                    with self:
+                        await inner.aclose()
+                    raise
+                except BaseException as error:
+                    resume = functools.partial(inner.athrow, error)
+                else:
+                    resume = functools.partial(inner.asend, sent)
+
+        return async_generator_wrapper  # type: ignore[return-value]

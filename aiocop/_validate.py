@@ -45,8 +45,11 @@ def check_number(name: str, value: object, unit: str, *, allow_zero: bool) -> fl
     return number
 
 
-def check_ms(name: str, value: object) -> float:
-    return check_number(name, value, "milliseconds", allow_zero=False)
+def check_ms(name: str, value: object, maximum: float | None = None) -> float:
+    number = check_number(name, value, "milliseconds", allow_zero=False)
+    if maximum is not None and number > maximum:
+        raise ValueError(f"{name} must be at most {maximum:g} milliseconds, not {value!r}")
+    return number
 
 
 def check_name(name: str, value: object) -> str:
@@ -57,10 +60,32 @@ def check_name(name: str, value: object) -> str:
     return value
 
 
-def check_callable(name: str, value: object, args: int) -> None:
-    """`value` must be callable with `args` positional arguments (when its signature can be read)."""
+def _kind_of_function(value: object) -> str | None:
+    """What makes `value` unusable as a plain callback: its call runs nothing by itself."""
+    # The function itself, or the __call__ of a callable object's class.
+    for candidate in (value, inspect.getattr_static(type(value), "__call__", None)):
+        if inspect.iscoroutinefunction(candidate):
+            return "an async function: calling it makes a coroutine that nothing would await"
+        if inspect.isasyncgenfunction(candidate):
+            return "an async generator function: calling it runs none of its code"
+        if inspect.isgeneratorfunction(candidate):
+            return "a generator function: calling it runs none of its code"
+    return None
+
+
+def check_callable(name: str, value: object, args: int, *, plain: bool = True) -> None:
+    """`value` must be callable with `args` positional arguments (when its signature can be read).
+
+    `plain`: and not an async or generator function (aiocop calls it, and uses what it returns).
+    """
     if not callable(value):
         raise TypeError(f"{name} must be callable, not {_type_name(value)}: {value!r}")
+    kind = _kind_of_function(value) if plain else None
+    if kind is not None:
+        raise TypeError(
+            f"{name} must be a plain function, but {value!r} is {kind}; aiocop calls it synchronously "
+            "(to do async work, schedule it from a plain function, e.g. with loop.create_task)"
+        )
     try:
         signature = inspect.signature(value)
     except (TypeError, ValueError):  # some builtins have no readable signature: trust them

@@ -38,7 +38,7 @@ from operator import itemgetter
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-from aiocop import _culprit, _frames, _loops, _state
+from aiocop import _culprit, _forksafe, _frames, _loops, _state
 from aiocop._frames import Kind
 
 if TYPE_CHECKING:
@@ -230,7 +230,7 @@ class Stall:
 
 
 # Lock for handing a stall to an io event or reporting it alone (exactly once).
-merge_lock = threading.Lock()
+merge_lock = _forksafe.lock()
 # Set by _delivery: (stall) -> None, reports a stall nobody else took.
 report_stall: Any = None
 # Set by _delivery: (watch, stall) -> bool, gives the stall to a pending io event of that loop.
@@ -239,8 +239,10 @@ attach_to_io: Any = None
 
 class Watchdog:
     def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-        self._stopping = False
+        self._thread: threading.Thread | None = None  # the one watchdog thread; another that sees itself replaced ends
+        # start() and stop() from any threads at once: one thread, and never a
+        # join of a thread not yet started. The watchdog thread never takes it.
+        self._control = _forksafe.lock()
         # Held while the watchdog sleeps on it; released to wake it early.
         self._waker = allocate_lock()
         self._waker.acquire()
@@ -254,23 +256,24 @@ class Watchdog:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
-        if self.running:
-            return
-        if _on_gc not in gc.callbacks:
-            gc.callbacks.append(_on_gc)
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="aiocop-watchdog", daemon=True)
-        self._thread.start()
+        with self._control:
+            if self.running:
+                return
+            if _on_gc not in gc.callbacks:
+                gc.callbacks.append(_on_gc)
+            thread = threading.Thread(target=self._run, name="aiocop-watchdog", daemon=True)
+            self._thread = thread
+            thread.start()
 
     def stop(self) -> None:
-        thread = self._thread
-        self._thread = None
-        self._stopping = True
-        self.wake()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(2.0)
-        if _on_gc in gc.callbacks:
-            gc.callbacks.remove(_on_gc)
+        with self._control:
+            thread = self._thread
+            self._thread = None  # the thread sees it is no longer the watchdog, and ends
+            self.wake()
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(2.0)
+            if _on_gc in gc.callbacks:
+                gc.callbacks.remove(_on_gc)
 
     def wake(self) -> None:
         """Look at the loops now (a loop started, or the watchdog is stopping)."""
@@ -283,7 +286,8 @@ class Watchdog:
         # wake-up of this thread is its main cost, tens of microseconds of CPU
         # on a VM), with no Python-level Condition machinery, and wake() can cut
         # them short.
-        while not self._stopping:
+        me = threading.current_thread()
+        while self._thread is me:
             self._polling = True
             try:
                 busy, active = self.poll()
@@ -676,6 +680,7 @@ watchdog = Watchdog()
 def _after_fork_in_child() -> None:
     was_running = watchdog._thread is not None
     watchdog._thread = None
+    watchdog._control = _forksafe.lock()  # (reset by _forksafe too: this one is new and free)
     watchdog._waker = allocate_lock()
     watchdog._waker.acquire()
     _loops.reinit_after_fork()

@@ -185,7 +185,7 @@ class AiocopMiddleware:
     ) -> None:
         if not callable(app):
             raise TypeError(f"app must be an ASGI application (a callable), not {type(app).__name__}: {app!r}")
-        check_callable("app (an ASGI 3 application: app(scope, receive, send))", app, 3)
+        check_callable("app (an ASGI 3 application: app(scope, receive, send))", app, 3, plain=False)
         if sampler is not None and not callable(sampler):
             raise TypeError(f"sampler must be callable or None, not {type(sampler).__name__}: {sampler!r}")
         if sampler is not None:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import os
 import warnings
+from typing import TYPE_CHECKING
 
 import pytest
 
 import aiocop
 from tests import blocking_calls
 from tests.conftest import Collector, run_on
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator
 
 
 def test_allow_by_event_globally(detector: Collector, loop_name: str) -> None:
@@ -72,6 +76,38 @@ def test_scoped_allow_as_context_manager_and_decorator(detector: Collector, loop
 
     run_on(loop_name, main())
     assert detector.names() == ["os.stat"]
+
+
+def test_scopes_decorate_generators_around_each_resumption(detector: Collector, loop_name: str) -> None:
+    # A generator runs a bit at each resumption, in its consumer's context:
+    # the scope covers the generator's own code, never the consumer's.
+    @aiocop.allow_blocking("os.stat")
+    async def listing() -> AsyncIterator[int]:
+        for i in range(3):
+            os.stat(".")
+            sent = yield i
+            assert sent in (None, "more")
+            await asyncio.sleep(0)
+
+    @aiocop.allow_blocking("os.stat")
+    def numbers() -> Iterator[int]:
+        for i in range(2):
+            os.stat(".")
+            yield i
+
+    async def main() -> list[int]:
+        seen = [i async for i in listing()]
+        partial = listing()
+        seen.append(await partial.__anext__())
+        seen.append(await partial.asend("more"))
+        await partial.aclose()
+        for i in numbers():
+            os.stat(".")  # the consumer's own call, between resumptions: reported
+            seen.append(i)
+        return seen
+
+    assert run_on(loop_name, main()) == [0, 1, 2, 0, 1, 0, 1]
+    assert detector.names() == ["os.stat", "os.stat"]
 
 
 def test_scoped_allow_everything(detector: Collector, loop_name: str) -> None:

@@ -86,6 +86,39 @@ NOT_CALLABLE: tuple[tuple[Any, type[Exception]], ...] = (
     (NotAFunction(), TypeError),
 )
 
+
+async def async_callback(event: Any) -> None:
+    pass
+
+
+async def async_generator_callback(event: Any) -> Any:
+    yield event
+
+
+def generator_callback(event: Any) -> Any:
+    yield event
+
+
+class AsyncCallable:
+    async def __call__(self, event: Any) -> None:
+        pass
+
+
+async def async_provider() -> dict[str, Any]:
+    return {}
+
+
+# Callables aiocop would call and get nothing done: it calls callbacks synchronously.
+NOT_PLAIN: tuple[tuple[Any, type[Exception]], ...] = (
+    (async_callback, TypeError),
+    (async_generator_callback, TypeError),
+    (generator_callback, TypeError),
+    (AsyncCallable(), TypeError),
+)
+
+RAW_EVENT = {"event_name": "open", "raw_args": ("f",), "raw_stack": [("app.py", 3, "main")], "severity": 10,
+             "timestamp": 0.0}  # fmt: skip
+
 api = aiocop  # short, for the table
 TABLE: list[Row] = [
     # --- set-up ---
@@ -108,7 +141,9 @@ TABLE: list[Row] = [
     *rows("start_cpu_sampling", lambda v: api.start_cpu_sampling(arm_after_ms=v), "arm_after_ms",
           *[c for c in ms_cases() if c[0] is not None]),
     *rows("start_cpu_sampling", lambda v: api.start_cpu_sampling(idle_interval_ms=v), "idle_interval_ms",
-          *[c for c in ms_cases() if c[0] is not None]),
+          *[c for c in ms_cases() if c[0] is not None], (1e13, ValueError)),
+    *rows("start_cpu_sampling", lambda v: api.start_cpu_sampling(interval_ms=v), "interval_ms", (1e13, ValueError)),
+    *rows("start_cpu_sampling", lambda v: api.start_cpu_sampling(arm_after_ms=v), "arm_after_ms", (1e13, ValueError)),
     *rows("start_cpu_sampling", lambda v: api.start_cpu_sampling(max_samples_per_slice=v), "max_samples_per_slice",
           *count_cases()),
     *rows("start_cpu_sampling", lambda v: api.start_cpu_sampling(trace_depth=v), "trace_depth", *count_cases()),
@@ -158,9 +193,12 @@ TABLE: list[Row] = [
       for bad in (None, 3)],
     # --- callbacks and providers ---
     *rows("register_slow_task_callback", api.register_slow_task_callback, "callback",
-          *NOT_CALLABLE, (provider, TypeError), (two_arguments, TypeError)),
+          *NOT_CALLABLE, (provider, TypeError), (two_arguments, TypeError), *NOT_PLAIN),
+    *rows("detect_slow_tasks", lambda v: api.detect_slow_tasks(30, on_slow_task=v, cpu_sampling=False),
+          "on_slow_task", *NOT_PLAIN),
     *rows("register_context_provider", api.register_context_provider, "provider",
-          *NOT_CALLABLE, (event_callback, TypeError)),
+          *NOT_CALLABLE, (event_callback, TypeError), (async_provider, TypeError)),
+    *rows("AiocopMiddleware", lambda v: AiocopMiddleware(asgi_app, sampler=v), "sampler", *NOT_PLAIN),
     # --- severity helpers ---
     *rows("calculate_io_severity_score", api.calculate_io_severity_score, "blocking_events",
           (3, TypeError), ("open", TypeError), ([1, 2], TypeError), ([None], TypeError)),
@@ -168,6 +206,8 @@ TABLE: list[Row] = [
           ("50", TypeError), (None, TypeError), (True, TypeError), (NAN, ValueError)),
     *[Row("format_blocking_event", api.format_blocking_event, bad, TypeError, "raw_event")
       for bad in (None, {}, {"event_name": "open"})],
+    *[Row("format_blocking_event", api.format_blocking_event, {**RAW_EVENT, key: bad}, TypeError, f"['{key}']")
+      for key, bad in (("raw_stack", [1, 2]), ("raw_stack", 3), ("raw_args", 5), ("event_name", 7))],
     # --- logging ---
     *rows("log_events", lambda v: api.log_events(level=v), "level",
           ("loud", ValueError), (-1, ValueError), (None, TypeError), (True, TypeError), (2.5, TypeError)),

@@ -66,6 +66,10 @@ def raising(event: aiocop.SlowTaskEvent) -> None:
     raise RuntimeError("callback boom")
 
 
+def exiting(event: aiocop.SlowTaskEvent) -> None:
+    raise SystemExit(3)  # a callback is not the program: contained like any error
+
+
 def hanging(event: aiocop.SlowTaskEvent) -> None:
     time.sleep(0.05)
 
@@ -81,7 +85,7 @@ def blocking_io(event: aiocop.SlowTaskEvent) -> None:
 
 
 @pytest.mark.parametrize("delivery", ["loop", "thread"])
-@pytest.mark.parametrize("bad", [raising, hanging, blocking_io], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("bad", [raising, exiting, hanging, blocking_io], ids=lambda f: f.__name__)
 def test_a_misbehaving_callback_changes_nothing_for_the_app_or_other_callbacks(
     detector: Collector, loop_name: str, bad: Callable[[aiocop.SlowTaskEvent], None], delivery: str
 ) -> None:
@@ -92,6 +96,51 @@ def test_a_misbehaving_callback_changes_nothing_for_the_app_or_other_callbacks(
     assert run_on(loop_name, app_with_blocking_calls()) == EXPECTED
     aiocop.stop()  # delivers what the worker thread still has
     assert detector.names() == ["os.stat"] * 3  # nothing from the callback's own blocking calls
+
+
+INTERRUPTING_CALLBACK = """
+import asyncio, os, sys
+import aiocop
+aiocop.start_blocking_io_detection(delivery=sys.argv[1])
+got = []
+
+def interrupting(event):
+    raise KeyboardInterrupt
+
+aiocop.register_slow_task_callback(interrupting)
+aiocop.register_slow_task_callback(lambda event: got.append(event.blocking_events[0]["name"]))
+
+async def main():
+    for _ in range(3):
+        os.stat(".")
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.01)
+
+try:
+    asyncio.run(main())
+    outcome = "finished"
+except KeyboardInterrupt:
+    outcome = "interrupted"
+aiocop.stop()
+print(outcome, len(got))
+"""
+
+
+@pytest.mark.parametrize(
+    ("delivery", "expected"),
+    [
+        # On the main thread it may be the user's Ctrl-C: the event still
+        # reaches the other callback, then the interrupt goes on.
+        ("loop", "interrupted 1"),
+        # Off the main thread only the callback can have raised it: contained,
+        # and every event is delivered.
+        ("thread", "finished 3"),
+    ],
+)
+def test_a_callback_raising_keyboard_interrupt(delivery: str, expected: str) -> None:
+    result = run_script(INTERRUPTING_CALLBACK.replace("sys.argv[1]", repr(delivery)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == expected, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("bad", ["raises", "hangs", "blocks"])
