@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import contextvars
+import logging
 import os
 import threading
 import time
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from aiocop._hook import Record, StepGroup
     from aiocop._loops import LoopWatch
     from aiocop._watchdog import Stall
+
+logger = logging.getLogger("aiocop")
 
 _MAX_ARG_CHARS = 100
 
@@ -427,25 +430,66 @@ def make_violation(group: StepGroup) -> HighSeverityBlockingIoException:
     )
 
 
+# Steps queued for the delivery thread at most. A callback slower than the
+# events arrive (a network exporter) must not make memory grow without bound:
+# past this, new steps are dropped, counted and logged, never silently.
+MAX_PENDING = 10_000
+_DROP_LOG_INTERVAL_S = 10.0
+
+
 class _Worker:
-    """A daemon thread that delivers groups off the loop threads."""
+    """A daemon thread that delivers groups off the loop threads, from a bounded queue."""
 
     def __init__(self) -> None:
-        # Items: groups to deliver, or an Event to set once everything queued
-        # before it has been delivered (see drain).
+        # Items: groups to deliver, stall reports (calls), or an Event to set
+        # once everything queued before it has been handled (see drain).
         self._queue: SimpleQueue[list[StepGroup] | threading.Event | Callable[[], None]] = SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = _forksafe.lock()
+        self._queued = 0  # items put, under _lock
+        self._handled = 0  # items taken and handled: written by the worker thread only
+        self._discarding = False  # stop() ran out of time: what is left is dropped, not delivered
+        self.dropped = 0  # steps dropped, since the process started
+        self._dropped_logged = 0
+        self._last_drop_log = 0.0
+
+    def pending(self) -> int:
+        return self._queued - self._handled
 
     def submit(self, groups: list[StepGroup]) -> None:
-        if self._thread is None:
-            self._start()
-        self._queue.put(groups)
+        self._put(groups, len(groups))
 
     def submit_call(self, call: Callable[[], None]) -> None:
+        self._put(call, 1)
+
+    def _put(self, item: list[StepGroup] | Callable[[], None], steps: int) -> None:
         if self._thread is None:
             self._start()
-        self._queue.put(call)
+        with self._lock:
+            if self._queued - self._handled >= MAX_PENDING:
+                self.dropped += steps
+                full = True
+            else:
+                self._queued += 1
+                full = False
+        if full:
+            self._log_dropped(at_most_every=_DROP_LOG_INTERVAL_S)
+        else:
+            self._queue.put(item)
+
+    def _log_dropped(self, at_most_every: float = 0.0) -> None:
+        now = time.monotonic()
+        new = self.dropped - self._dropped_logged
+        if new <= 0 or now - self._last_drop_log < at_most_every:
+            return
+        self._dropped_logged, self._last_drop_log = self.dropped, now
+        logger.warning(
+            "aiocop: %d event(s) dropped (%d in all): the slow-task callbacks run slower than events arrive "
+            "(delivery='thread' keeps at most %d waiting); make them faster, or sample fewer requests",
+            new,
+            self.dropped,
+            MAX_PENDING,
+        )
 
     def _start(self) -> None:
         with self._lock:
@@ -455,32 +499,48 @@ class _Worker:
 
     def _run(self) -> None:
         while True:
-            groups = self._queue.get()
-            if isinstance(groups, threading.Event):
-                groups.set()
+            item = self._queue.get()
+            if isinstance(item, threading.Event):
+                item.set()
                 continue
-            if callable(groups):
-                try:
-                    groups()
-                except BaseException:  # this thread must outlive anything a delivery raises
-                    _hook._internal_error("delivering off the loop")
-                continue
-            for group in groups:
-                if not group.t_end:
-                    group.t_end = perf_counter()
-                try:
-                    # A copy: the loop thread may still be inside the original.
-                    group.context.copy().run(deliver_now, group)
-                except BaseException:  # this thread must outlive anything a delivery raises
-                    _hook._internal_error("delivering off the loop")
+            try:
+                self._handle(item)
+            except BaseException:  # this thread must outlive anything a delivery raises
+                _hook._internal_error("delivering off the loop")
+            finally:
+                self._handled += 1
+
+    def _handle(self, item: list[StepGroup] | Callable[[], None]) -> None:
+        if self._discarding:
+            self.dropped += 1 if callable(item) else len(item)
+            return
+        if callable(item):
+            item()
+            return
+        for group in item:
+            if not group.t_end:
+                group.t_end = perf_counter()
+            # A copy: the loop thread may still be inside the original.
+            group.context.copy().run(deliver_now, group)
 
     def drain(self, timeout: float = 5.0) -> None:
-        """Wait for what is queued, then deliver what was never scheduled, on this thread."""
+        """Deliver what is queued, within `timeout`; drop (count, log) what is left; return with no callback running.
+
+        Then deliver what was never scheduled, on this thread.
+        """
         thread = self._thread
         if thread is not None and thread.is_alive() and thread is not threading.current_thread():
             done = threading.Event()
             self._queue.put(done)
-            done.wait(timeout)
+            if not done.wait(timeout):
+                # Out of time: the rest is dropped, quickly; only the callback
+                # running now is waited for, so none runs after stop() returns.
+                self._discarding = True
+                try:
+                    done.wait(timeout)
+                finally:
+                    self._discarding = False
+        self._log_dropped()
         for group in _claim_all(list(_hook.unclaimed)):
             if not group.t_end:
                 group.t_end = perf_counter()

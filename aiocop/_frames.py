@@ -42,7 +42,10 @@ _THIRD_PARTY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packag
 _LOOP_TOP_LEVEL = frozenset(LOOP_PACKAGES)
 
 # module name -> Kind; and, for the few loop modules that bound steps,
-# function name -> role.
+# function name -> role. Bounded: templating engines and exec() make modules
+# without end, and a cache that grew with each would be a leak; when full it
+# starts again (a miss costs a few µs, once per module).
+MAX_CACHED_MODULES = 4096
 _module_kinds: dict[object, Kind] = {}
 LOOP_ROLES: dict[str, dict[str, LoopFrameRole]] = {}
 for _frame in LOOP_FRAMES:
@@ -56,6 +59,8 @@ def frame_kind(frame: FrameType) -> Kind:
     kind = _module_kinds.get(name)
     if kind is None:
         kind = _classify(name, module_globals)
+        if len(_module_kinds) >= MAX_CACHED_MODULES:
+            _module_kinds.clear()
         _module_kinds[name] = kind
     return kind
 

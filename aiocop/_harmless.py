@@ -38,6 +38,8 @@ def rules_in_play(event: str, caller_module: object, caller_kind: int) -> tuple[
         by_module = in_play[event] = {}
     rules = by_module.get(caller_module)
     if rules is None:
+        if len(by_module) >= _frames.MAX_CACHED_MODULES:  # bounded, as _frames' cache
+            by_module.clear()
         rules = by_module[caller_module] = tuple(
             rule
             for rule in HARMLESS

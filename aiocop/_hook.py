@@ -267,6 +267,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     depth = _state.config.trace_depth
     module_kinds = _frames._module_kinds
     caller_module: object = None  # the module of frames[0]
+    caller_kind = Kind.USER  # and its kind (kept: the bounded cache may drop it during the walk)
     # 0: _capture, 1: audit_hook, 2: whoever raised the event: most often one
     # of aiocop's wrappers, whose caller is the first frame of interest.
     frame: FrameType | None = sys._getframe(2)
@@ -296,7 +297,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
             elif kind == _IMPORTLIB and event != "import":
                 return None  # part of an import, reported as the `import` event
         if not frames:
-            caller_module = name
+            caller_module, caller_kind = name, kind
         frames.append(frame)
         if len(trace) < depth:
             pair = (frame.f_code, frame.f_lasti)
@@ -316,7 +317,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     in_play = _harmless.in_play.get(event)
     harmless = in_play.get(caller_module) if in_play is not None else None
     if harmless is None:
-        harmless = _harmless.rules_in_play(event, caller_module, module_kinds[caller_module])
+        harmless = _harmless.rules_in_play(event, caller_module, caller_kind)
     if harmless and _harmless.any_matches(harmless, args, frames, loop):
         return None
     allow_rules = _allow._global_rules

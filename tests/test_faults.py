@@ -143,6 +143,49 @@ def test_a_callback_raising_keyboard_interrupt(delivery: str, expected: str) -> 
     assert result.stdout.strip() == expected, result.stdout + result.stderr
 
 
+def test_a_callback_slower_than_the_events_bounds_the_queue_and_stop_means_stopped(
+    detector: Collector, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # delivery="thread" with a callback far slower than the events (a network
+    # exporter): the queue stays bounded, what cannot wait is dropped and
+    # counted in a warning, and once stop() returns no callback runs.
+    from aiocop import _delivery
+
+    monkeypatch.setattr(_delivery, "MAX_PENDING", 20)
+    aiocop.start_blocking_io_detection(delivery="thread")
+    aiocop.clear_slow_task_callbacks()
+    delivered: list[str] = []
+    high_water: list[int] = []
+
+    def exporter(event: aiocop.SlowTaskEvent) -> None:
+        high_water.append(_delivery._worker.pending())
+        time.sleep(0.01)  # a round trip to a collector
+        delivered.append(event.blocking_events[0]["name"])
+
+    aiocop.register_slow_task_callback(exporter)
+    steps = 300
+    dropped_before = _delivery._worker.dropped
+
+    async def main() -> None:
+        for _ in range(steps):
+            os.stat(".")
+            await asyncio.sleep(0)
+
+    with caplog.at_level(logging.WARNING, logger="aiocop"):
+        run_on("asyncio", main())
+        started = time.monotonic()
+        aiocop.stop()
+        took = time.monotonic() - started
+    seen = len(delivered)
+    time.sleep(0.1)
+    assert len(delivered) == seen, "a callback ran after stop() returned"
+    dropped = _delivery._worker.dropped - dropped_before
+    assert dropped > 0 and seen + dropped == steps, (seen, dropped)
+    assert max(high_water) <= 20
+    assert any("dropped" in r.getMessage() and "slow-task callbacks" in r.getMessage() for r in caplog.records)
+    assert took < 15, "stop() waits for the queue within its timeout, not for ever"
+
+
 @pytest.mark.parametrize("bad", ["raises", "hangs", "blocks"])
 def test_a_misbehaving_context_provider_changes_nothing(detector: Collector, loop_name: str, bad: str) -> None:
     def provider() -> dict[str, object]:

@@ -19,17 +19,15 @@ import statistics
 import sys
 import tracemalloc
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import aiocop
-from tests.conftest import _loop_param, run_on
+from tests.conftest import Collector, _loop_param, run_on
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-    from tests.conftest import Collector
 
 TASKS = int(os.environ.get("AIOCOP_SOAK_TASKS", "50000"))
 
@@ -198,3 +196,26 @@ def test_held_events_keep_no_task_context_or_loop_alive(detector: Collector, loo
     assert len(detector.events) == 1
     assert detector.events[0].task_name  # the event still tells which task it was
     assert held == dropped, "a held event keeps its step's task, result, context or loop alive"
+
+
+def test_caches_stay_bounded_with_endless_module_names(detector: Collector) -> None:
+    # Templating engines and exec() make modules without end: a blocking call
+    # from each of 3 x the cache size of distinct modules grows no cache past it.
+    from aiocop import _frames, _harmless
+
+    count = 3 * _frames.MAX_CACHED_MODULES
+    functions = []
+    for i in range(count):
+        namespace: dict[str, Any] = {"__name__": f"generated_template_{i}", "os": os}
+        exec("def render():\n    os.stat('.')\n", namespace)  # a module of its own per template
+        functions.append(namespace["render"])
+
+    async def main() -> None:
+        for render in functions:
+            render()
+            await asyncio.sleep(0)
+
+    run_on("asyncio", main())
+    assert len(detector.names()) == count, "every call is still reported"
+    assert len(_frames._module_kinds) <= _frames.MAX_CACHED_MODULES
+    assert all(len(by_module) <= _frames.MAX_CACHED_MODULES for by_module in _harmless.in_play.values())
