@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 from typing import TYPE_CHECKING, get_args
 
@@ -159,6 +160,23 @@ def stop() -> None:
     _hook.register_loop = None
     _loops.uninstall()
     _delivery.drain()
+
+
+def _at_exit() -> None:
+    # The interpreter is ending: deliver what is pending, put back everything
+    # aiocop patched, and let go of the application's callbacks and providers.
+    # They hold their module's globals (a callback defined in __main__ holds
+    # __main__'s): kept past this point, the application's own objects (a
+    # module-level NamedTemporaryFile) were finalized only after the modules
+    # their finalizers need had been torn down, and left files behind.
+    try:
+        stop()
+    finally:
+        _callbacks.clear_slow_task_callbacks()
+        _callbacks.clear_context_providers()
+
+
+atexit.register(_at_exit)
 
 
 def activate() -> None:

@@ -72,17 +72,18 @@ _CONDITIONS: dict[str, Callable[[tuple[Any, ...]], bool]] = {
 }
 
 # The hook's lookup: `dict.get` of a table compiled from the live rules, or of
-# an empty dict while detection is off. Rebinding one global is atomic, so a
-# hook running in another thread sees either the old table or the new one.
+# an empty dict while detection is off. It is the hook's default argument, not
+# a module global: a local is the fastest read there is, swapping the defaults
+# tuple is atomic (a hook running in another thread sees the old table or the
+# new one), and it survives the interpreter's shutdown, which sets module
+# globals to None while the hook (which cannot be removed) still runs.
 _NO_RULES: dict[str, _Rule] = {}
-_lookup: Callable[[str], _Rule | None] = _NO_RULES.get
 
 
 def rebuild() -> None:
     """Compile the hook's table from the live rules and the on/off switches."""
-    global _lookup
     if not (_state.started and _state.active):
-        _lookup = _NO_RULES.get
+        audit_hook.__defaults__ = (_NO_RULES.get,)
         return
     table: dict[str, _Rule] = {
         event: _Rule(weight, _CONDITIONS.get(_rules.CONDITIONS.get(event, "always")), False)
@@ -90,10 +91,10 @@ def rebuild() -> None:
     }
     for event in _LOOP_BOUNDARY_EVENTS:
         table[event] = _Rule(0, None, True)
-    _lookup = table.get
+    audit_hook.__defaults__ = (table.get,)
 
 
-def audit_hook(event: str, args: tuple[Any, ...]) -> None:
+def audit_hook(event: str, args: tuple[Any, ...], _lookup: Callable[[str], _Rule | None] = _NO_RULES.get) -> None:
     # Hot path: keep the two early exits first and allocation-free. The slow
     # path is inlined below (a Python call costs more than the rest of it).
     rule = _lookup(event)

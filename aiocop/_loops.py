@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio.events
 import logging
+import os
 import sys
 import threading
 import time
@@ -172,11 +173,16 @@ _MISSING = object()
 _original_set_hooks: Callable[..., Any] = sys.set_asyncgen_hooks
 _original_set_running: Callable[[AbstractEventLoop | None], None] = asyncio.events._set_running_loop
 _tracking = False  # between install() and uninstall(): the wrappers record starts and stops
+# The process that records them. In a forked child, other fork handlers run
+# before aiocop's (asyncio's resets the running loop through the wrapper below,
+# while aiocop's locks may still be held by a thread the fork left behind): the
+# child records nothing until aiocop's own handler has reset them and this.
+_tracking_pid = 0
 _install_lock = _forksafe.lock()
 
 
 def _set_asyncgen_hooks(*args: Any, **kwargs: Any) -> Any:
-    if not _tracking:
+    if not _tracking or _tracking_pid != os.getpid():
         return _original_set_hooks(*args, **kwargs)
     firstiter = kwargs.get("firstiter", args[0] if args else _MISSING)
     owner = getattr(firstiter, "__self__", None)
@@ -198,7 +204,7 @@ def _set_asyncgen_hooks(*args: Any, **kwargs: Any) -> Any:
 def _set_running_loop(loop: AbstractEventLoop | None) -> None:
     # The other start/stop signal, for loops written in Python that set no
     # asyncgen hooks (veloxloop): they call asyncio.events._set_running_loop.
-    if not _tracking:
+    if not _tracking or _tracking_pid != os.getpid():
         _original_set_running(loop)
         return
     try:
@@ -215,7 +221,7 @@ def _set_running_loop(loop: AbstractEventLoop | None) -> None:
 def install() -> None:
     """Wrap the two calls every loop makes when it starts and stops (idempotent),
     and register a loop already running here."""
-    global _original_set_hooks, _original_set_running, _tracking
+    global _original_set_hooks, _original_set_running, _tracking, _tracking_pid
     with _install_lock:  # from several threads at once: wrapped once, never a wrapper of the wrapper
         if sys.set_asyncgen_hooks is not _set_asyncgen_hooks:
             _original_set_hooks = sys.set_asyncgen_hooks
@@ -223,7 +229,7 @@ def install() -> None:
         if asyncio.events._set_running_loop is not _set_running_loop:
             _original_set_running = asyncio.events._set_running_loop
             asyncio.events._set_running_loop = _set_running_loop
-        _tracking = True
+        _tracking, _tracking_pid = True, os.getpid()
     running = _get_running_loop()
     if running is not None:
         ensure_registered(running)
@@ -243,10 +249,13 @@ def uninstall() -> None:
 
 
 def reinit_after_fork() -> None:
-    global watches  # (_watch_lock is reset by _forksafe)
-    # Only the forking thread survives; its loop (if any) keeps running there.
+    global watches, _tracking_pid  # (_watch_lock is reset by _forksafe)
+    # Only the forking thread survives; its loop (if any) keeps running there,
+    # unless asyncio's own fork handler (3.12+) has just reset it.
     ident = threading.get_ident()
-    watches = {k: v for k, v in watches.items() if k == ident}
+    keep = _get_running_loop() is not None
+    watches = {k: v for k, v in watches.items() if k == ident and keep}
+    _tracking_pid = os.getpid()
     retired.clear()
     for watch in watches.values():
         watch.thread_id = ident

@@ -21,6 +21,7 @@ import importlib
 import logging
 import os
 import select
+import socket as _socket_module
 import sys
 import threading
 import types
@@ -146,20 +147,34 @@ def _call(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     return wrapper
 
 
+# The wrappers pass whatever they were given to the original, which alone
+# judges it: a call with too few, too many or odd arguments fails exactly as
+# it would without aiocop. They read the arguments they need only when the
+# call has the usual shape, and never through methods a subclass may override
+# (is_set, _qsize, gettimeout): a user's subclass sees no extra call.
+
+
 def _sleep(original: Callable[..., Any], event: str) -> Callable[..., Any]:
-    def wrapper(secs: float) -> None:
-        if get_running_loop() is not None and _may_wait(secs):
-            _audit_hook(event, (secs,))
-        return original(secs)  # type: ignore[no-any-return]
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        if len(args) == 1 and not kwargs and get_running_loop() is not None and _may_wait(args[0]):
+            _audit_hook(event, args)
+        return original(*args, **kwargs)  # type: ignore[no-any-return]
 
     return wrapper
+
+
+_socket_gettimeout = _socket_module.socket.gettimeout  # the C method: a subclass's override is not called
 
 
 def _socket(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     # Non-blocking sockets (timeout 0.0), the event loops' own, are the common
     # case: test that first.
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.gettimeout() != 0.0 and get_running_loop() is not None:
+        if (
+            isinstance(self, _socket_module.socket)
+            and _socket_gettimeout(self) != 0.0
+            and get_running_loop() is not None
+        ):
             _audit_hook(event, (self,))
         return original(self, *args, **kwargs)
 
@@ -174,52 +189,63 @@ def _fd_blocking(fd: Any) -> bool:
 
 
 def _fd_read(original: Callable[..., Any], event: str) -> Callable[..., Any]:
-    def wrapper(fd: int, length: int, /) -> bytes:
-        if get_running_loop() is not None and _fd_blocking(fd):
-            _audit_hook(event, (fd, length))
-        return original(fd, length)  # type: ignore[no-any-return]
+    def wrapper(*args: Any, **kwargs: Any) -> bytes:
+        if len(args) == 2 and not kwargs and get_running_loop() is not None and _fd_blocking(args[0]):
+            _audit_hook(event, args)
+        return original(*args, **kwargs)  # type: ignore[no-any-return]
 
     return wrapper
 
 
 def _fd_write(original: Callable[..., Any], event: str) -> Callable[..., Any]:
-    def wrapper(fd: int, data: Any, /) -> int:
-        if get_running_loop() is not None and _fd_blocking(fd):
+    def wrapper(*args: Any, **kwargs: Any) -> int:
+        if len(args) == 2 and not kwargs and get_running_loop() is not None and _fd_blocking(args[0]):
             try:
-                size = len(data)
+                size = len(args[1])
             except TypeError:  # not a buffer: os.write raises its own error below
                 size = None
-            _audit_hook(event, (fd, size))
-        return original(fd, data)  # type: ignore[no-any-return]
+            _audit_hook(event, (args[0], size))
+        return original(*args, **kwargs)  # type: ignore[no-any-return]
 
     return wrapper
 
 
 def _select(original: Callable[..., Any], event: str) -> Callable[..., Any]:
-    def wrapper(rlist: Any, wlist: Any, xlist: Any, timeout: float | None = None, /) -> Any:
-        if _may_wait(timeout) and get_running_loop() is not None:
-            _audit_hook(event, (timeout,))
-        return original(rlist, wlist, xlist, timeout)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if len(args) in (3, 4) and not kwargs:
+            timeout = args[3] if len(args) == 4 else None
+            if _may_wait(timeout) and get_running_loop() is not None:
+                _audit_hook(event, (timeout,))
+        return original(*args, **kwargs)
 
     return wrapper
 
 
 def _poll(original: Callable[..., Any], event: str) -> Callable[..., Any]:
-    def wrapper(self: Any, timeout: float | None = None, /) -> Any:
-        if timeout != 0 and get_running_loop() is not None:
-            _audit_hook(event, (timeout,))
-        return original(self, timeout)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(args) <= 1 and not kwargs:
+            timeout = args[0] if args else None
+            if timeout != 0 and get_running_loop() is not None:
+                _audit_hook(event, (timeout,))
+        return original(self, *args, **kwargs)
 
     return wrapper
+
+
+_PLAIN_NUMBERS = (int, float)
 
 
 def _lock_acquire(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     # Try without blocking first: a free lock is taken at once and never
     # reported; only a lock held elsewhere raises the event before waiting.
-    def wrapper(self: Any, blocking: bool = True, timeout: float = -1) -> bool:
+    # The original's own parameters (the hottest wrapper: no *args to pack);
+    # anything but plain bools and numbers goes to the original as it came.
+    def wrapper(self: Any, blocking: Any = True, timeout: Any = -1) -> bool:
         if not blocking or timeout == 0 or get_running_loop() is None:
             return original(self, blocking, timeout)  # type: ignore[no-any-return]
-        if timeout != -1 and not (isinstance(timeout, (int, float)) and 0 < timeout <= threading.TIMEOUT_MAX):
+        if type(blocking) not in (bool, int) or type(timeout) not in _PLAIN_NUMBERS:
+            return original(self, blocking, timeout)  # type: ignore[no-any-return] # its own judgement
+        if timeout != -1 and not 0 < timeout <= threading.TIMEOUT_MAX:
             return original(self, blocking, timeout)  # type: ignore[no-any-return] # its own error
         if original(self, False):
             return True
@@ -245,9 +271,9 @@ def _c_acquire(lock: Any) -> Callable[..., Any]:
 
 
 def _lock_enter(original: Callable[..., Any], event: str) -> Callable[..., Any]:
-    def wrapper(self: Any) -> bool:
-        if get_running_loop() is None:
-            return original(self)  # type: ignore[no-any-return]
+    def wrapper(self: Any, *args: Any) -> bool:
+        if args or get_running_loop() is None:  # `with` gives none (and an empty tuple is free)
+            return original(self, *args)  # type: ignore[no-any-return]
         if _c_acquire(self)(self, False):
             return True
         _audit_hook(event, (None,))
@@ -256,27 +282,48 @@ def _lock_enter(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     return wrapper
 
 
+_event_is_set = threading.Event.is_set  # the base method: a subclass's override is not called
+
+
+def _timeout_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
+    """(usual shape, timeout) of a `wait(timeout=None)` call."""
+    if not kwargs:
+        return len(args) <= 1, args[0] if args else None
+    return not args and len(kwargs) == 1 and "timeout" in kwargs, kwargs.get("timeout")
+
+
 def _event_wait(original: Callable[..., Any], event: str) -> Callable[..., Any]:
-    def wrapper(self: Any, timeout: float | None = None) -> bool:
-        if _may_wait(timeout) and not self.is_set() and get_running_loop() is not None:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> bool:
+        usual, timeout = _timeout_of(args, kwargs)
+        if usual and _may_wait(timeout) and not _event_is_set(self) and get_running_loop() is not None:
             _audit_hook(event, (timeout,))
-        return original(self, timeout)  # type: ignore[no-any-return]
+        return original(self, *args, **kwargs)  # type: ignore[no-any-return]
 
     return wrapper
 
 
 def _condition_wait(original: Callable[..., Any], event: str) -> Callable[..., Any]:
-    def wrapper(self: Any, timeout: float | None = None) -> bool:
-        if _may_wait(timeout) and get_running_loop() is not None:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> bool:
+        usual, timeout = _timeout_of(args, kwargs)
+        if usual and _may_wait(timeout) and get_running_loop() is not None:
             _audit_hook(event, (timeout,))
-        return original(self, timeout)  # type: ignore[no-any-return]
+        return original(self, *args, **kwargs)  # type: ignore[no-any-return]
 
     return wrapper
 
 
+def _queue_size(q: Any) -> int:
+    # Queue's own _qsize (len of its deque): a subclass's override is not
+    # called. One that keeps its items elsewhere counts as empty (may wait).
+    try:
+        return len(q.queue)
+    except Exception:
+        return 0
+
+
 def _queue_get(original: Callable[..., Any], event: str) -> Callable[..., Any]:
-    def wrapper(self: Any, block: bool = True, timeout: float | None = None) -> Any:
-        if block and _may_wait(timeout) and not self._qsize() and get_running_loop() is not None:
+    def wrapper(self: Any, block: Any = True, timeout: Any = None) -> Any:
+        if block and _may_wait(timeout) and not _queue_size(self) and get_running_loop() is not None:
             _audit_hook(event, (timeout,))
         return original(self, block, timeout)
 
@@ -284,8 +331,8 @@ def _queue_get(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 
 
 def _queue_put(original: Callable[..., Any], event: str) -> Callable[..., Any]:
-    def wrapper(self: Any, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        if block and _may_wait(timeout) and 0 < self.maxsize <= self._qsize() and get_running_loop() is not None:
+    def wrapper(self: Any, item: Any, block: Any = True, timeout: Any = None) -> None:
+        if block and _may_wait(timeout) and 0 < self.maxsize <= _queue_size(self) and get_running_loop() is not None:
             _audit_hook(event, (timeout,))
         return original(self, item, block, timeout)  # type: ignore[no-any-return]
 
@@ -321,18 +368,20 @@ class BuiltinLike(staticmethod):  # type: ignore[type-arg]
     """
 
     __slots__ = ()
+    _reference: str  # "module:name" it was patched under, in the instance's own __dict__ (staticmethods have one)
 
     @property
     def original(self) -> Any:
         return self.__wrapped__.__wrapped__  # type: ignore[attr-defined] # set by functools.wraps
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # By reference to the original's own module and name (posix:stat), as
-        # pickle saves the builtin itself: it unpickles anywhere, aiocop or not.
+        # By reference to the name it was patched under ("os:stat"): it
+        # unpickles anywhere, aiocop or not, to whatever that name holds there
+        # (the original, or this stand-in where aiocop runs), as the builtin
+        # itself would.
         import pkgutil  # noqa: PLC0415 - only when pickled
 
-        original = self.original
-        return (pkgutil.resolve_name, (f"{original.__module__}:{original.__qualname__}",))
+        return (pkgutil.resolve_name, (self._reference,))
 
     def __copy__(self) -> BuiltinLike:
         return self  # functions are atomic to `copy`
@@ -359,6 +408,7 @@ def _stand_in(original: Any, wrapper: Callable[..., Any], owner: Any) -> Any:
     if isinstance(original, types.FunctionType):
         return wrapper
     stand_in = BuiltinLike(wrapper)
+    stand_in._reference = f"{owner.__name__}:{original.__name__}"
     if hasattr(original, "__text_signature__"):
         stand_in.__text_signature__ = original.__text_signature__  # type: ignore[attr-defined] # its own __dict__
     return stand_in

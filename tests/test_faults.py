@@ -640,6 +640,38 @@ SHUTDOWN_EXPECTED = {
 }
 
 
+EXIT_WITH_MAIN_OBJECTS = """
+import asyncio, os, sys, tempfile
+import aiocop
+
+def report(event):  # defined in __main__: holds __main__'s globals
+    print("event", event.reason)
+
+aiocop.start_blocking_io_detection()
+aiocop.detect_slow_tasks(threshold_ms=30, on_slow_task=report)
+KEEP = tempfile.NamedTemporaryFile(prefix="aiocop-exit-", dir=sys.argv[1])
+
+async def main():
+    os.stat(".")
+    await asyncio.sleep(0)
+
+asyncio.run(main())
+if sys.argv[2] == "stop":
+    aiocop.stop()
+"""
+
+
+@pytest.mark.parametrize("ending", ["exit", "stop"])
+def test_the_applications_objects_are_finalized_normally_at_exit(tmp_path: Path, ending: str) -> None:
+    # The README's pattern, plus a module-level temporary file: at exit the
+    # file is removed as it would be without aiocop, and no hook complains.
+    result = run_python(EXIT_WITH_MAIN_OBJECTS, str(tmp_path), ending, interpreter_args=("-X", "dev"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "event io_blocking"
+    assert list(tmp_path.iterdir()) == [], "the NamedTemporaryFile was left on disk"
+    assert "Exception ignored" not in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("case", list(SHUTDOWN_SCRIPTS))
 def test_events_pending_at_interpreter_exit_are_delivered(case: str) -> None:
     result = run_script(textwrap.dedent(SAY) + textwrap.dedent(SHUTDOWN_SCRIPTS[case]))

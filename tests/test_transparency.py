@@ -13,6 +13,8 @@ import inspect
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -171,3 +173,26 @@ def test_a_process_pool_runs_a_wrapped_function() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "True"
+
+
+def test_stdlib_idioms_behave_identically_with_and_without_aiocop(tmp_path: Any) -> None:
+    # tests/transparency_idioms.py runs each idiom outside any loop and inside
+    # a task; every outcome (result, or exception type, errno and message)
+    # must be the same whether aiocop watches or not.
+    outputs = {}
+    for mode in ("off", "on"):
+        work = tmp_path / mode
+        work.mkdir()
+        done = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "tests", "transparency_idioms.py"), mode, str(work)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env={**os.environ, "PYTHONPATH": ROOT},
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        outputs[mode] = done.stdout.splitlines()
+    assert len(outputs["off"]) == len(outputs["on"]) >= 50
+    different = [(off, on) for off, on in zip(outputs["off"], outputs["on"], strict=True) if off != on]
+    assert different == [], "\n".join(f"without: {off}\n   with: {on}" for off, on in different)

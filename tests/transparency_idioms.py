@@ -1,0 +1,457 @@
+"""Standard-library idioms whose outcome aiocop must not change.
+
+Run as `python tests/transparency_idioms.py on|off WORKDIR`: with `on`,
+detection (and the watchdog) start first. Each idiom runs twice, outside any
+event loop and inside a task of a running loop (where aiocop's wrappers do
+their work), and prints one line: its result, or the exception's type, errno
+and message. tests/test_transparency.py runs both and compares every line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import io
+import multiprocessing
+import os
+import pathlib
+import pickle
+import queue
+import select
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+IDIOMS: dict[str, Callable[[str], Any]] = {}
+
+
+def idiom(func: Callable[[str], Any]) -> Callable[[str], Any]:
+    IDIOMS[func.__name__] = func
+    return func
+
+
+def _tree(root: str) -> list[str]:
+    return sorted(
+        os.path.relpath(os.path.join(folder, name), root) + ("@" if os.path.islink(os.path.join(folder, name)) else "")
+        for folder, dirs, files in os.walk(root)
+        for name in dirs + files
+    )
+
+
+def _fresh(work: str, name: str) -> str:
+    path = os.path.join(work, name)
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+# --- files ---------------------------------------------------------------------------------
+
+
+@idiom
+def shutil_with_symlinks(work: str) -> Any:
+    root = _fresh(work, "shutil")
+    src = os.path.join(root, "src")
+    os.makedirs(os.path.join(src, "sub"))
+    pathlib.Path(src, "sub", "f.txt").write_text("data")
+    os.symlink(os.path.join(src, "sub", "f.txt"), os.path.join(src, "link"))
+    os.symlink("missing-target", os.path.join(src, "dangling"))
+    shutil.copy2(os.path.join(src, "link"), os.path.join(root, "copied-link"), follow_symlinks=False)
+    shutil.copy2(os.path.join(src, "link"), os.path.join(root, "copied-target"))
+    shutil.copytree(src, os.path.join(root, "tree"), symlinks=True)
+    shutil.move(os.path.join(root, "tree"), os.path.join(root, "moved"))
+    shutil.rmtree(os.path.join(root, "moved"))
+    return _tree(root), shutil.rmtree.avoids_symlink_attacks
+
+
+@idiom
+def shutil_errors(work: str) -> Any:
+    root = _fresh(work, "shutil-errors")
+    os.symlink(root, os.path.join(root, "loop-link"))
+    shutil.rmtree(os.path.join(root, "loop-link"))  # rmtree refuses a symlink: OSError
+
+
+@idiom
+def stat_errors(work: str) -> Any:
+    return os.stat(os.path.join(work, "no", "such", "file"))
+
+
+@idiom
+def stat_follow_symlinks(work: str) -> Any:
+    root = _fresh(work, "stat")
+    os.symlink("nowhere", os.path.join(root, "dangling"))
+    info = os.stat(os.path.join(root, "dangling"), follow_symlinks=False)
+    return os.path.islink(os.path.join(root, "dangling")), oct(info.st_mode)[:4], os.stat in os.supports_follow_symlinks
+
+
+@idiom
+def tempfile_lifecycle(work: str) -> Any:
+    with tempfile.TemporaryDirectory(dir=work) as folder:
+        with tempfile.NamedTemporaryFile(dir=folder, delete=True) as named:
+            named.write(b"x")
+            named.flush()
+            exists = os.path.exists(named.name)
+        with tempfile.SpooledTemporaryFile(max_size=4) as spooled:
+            spooled.write(b"more than four bytes")
+            spooled.seek(0)
+            data = spooled.read()
+        return exists, os.path.exists(named.name), data, os.listdir(folder)
+
+
+@idiom
+def pathlib_walk(work: str) -> Any:
+    root = pathlib.Path(_fresh(work, "pathlib"))
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "c.txt").write_text("c")
+    return (
+        sorted(str(p.relative_to(root)) for p in root.rglob("*")),
+        (root / "a").is_dir(),
+        (root / "nothing").exists(),
+        (root / "a" / "b" / "c.txt").stat().st_size,
+        (root / "a" / "b" / "c.txt").resolve() == (root / "a" / "b" / "c.txt"),
+    )
+
+
+@idiom
+def fd_read_write(work: str) -> Any:
+    read_end, write_end = os.pipe()
+    try:
+        written = os.write(write_end, b"hello")
+        return written, os.read(read_end, 5)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+@idiom
+def fd_errors(work: str) -> Any:
+    return os.read(-1, 1)
+
+
+@idiom
+def fd_wrong_arguments(work: str) -> Any:
+    return os.read(0)  # type: ignore[call-arg]
+
+
+# --- processes -----------------------------------------------------------------------------
+
+
+def _square(n: int) -> int:
+    return n * n
+
+
+@idiom
+def process_pool(work: str) -> Any:
+    with concurrent.futures.ProcessPoolExecutor(1) as pool:
+        return list(pool.map(_square, range(4))), pool.submit(os.stat, work).result().st_mode == os.stat(work).st_mode
+
+
+@idiom
+def multiprocessing_contexts(work: str) -> Any:
+    results = []
+    for method in ("fork", "forkserver", "spawn"):
+        if method not in multiprocessing.get_all_start_methods():
+            results.append((method, "unavailable"))
+            continue
+        with multiprocessing.get_context(method).Pool(1) as pool:
+            results.append((method, pool.map(_square, [2, 3])))
+    return results
+
+
+@idiom
+def subprocess_pipes(work: str) -> Any:
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.stdout.write(sys.stdin.read().upper())"],
+        input="piped",
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    with subprocess.Popen([sys.executable, "-c", "print('popen')"], stdout=subprocess.PIPE) as proc:
+        out, _ = proc.communicate(timeout=30)
+    return done.stdout, out.strip()
+
+
+@idiom
+def subprocess_timeout(work: str) -> Any:
+    return subprocess.run([sys.executable, "-c", "import time; time.sleep(5)"], timeout=0.3, check=False)
+
+
+# --- sockets, select -----------------------------------------------------------------------
+
+
+@idiom
+def socket_timeouts(work: str) -> Any:
+    a, b = socket.socketpair()
+    with a, b:
+        a.settimeout(0.05)
+        try:
+            a.recv(1)
+            timed_out = False
+        except TimeoutError:
+            timed_out = True
+        b.sendall(b"ping")
+        a.settimeout(None)
+        got = a.recv(4)
+        a.setblocking(False)
+        try:
+            a.recv(1)
+            would_block = False
+        except BlockingIOError:
+            would_block = True
+        return timed_out, got, would_block, a.gettimeout()
+
+
+@idiom
+def socket_closed(work: str) -> Any:
+    a, b = socket.socketpair()
+    a.close()
+    b.close()
+    return a.send(b"x")
+
+
+@idiom
+def select_poll_selectors(work: str) -> Any:
+    a, b = socket.socketpair()
+    with a, b:
+        empty = select.select([a], [], [], 0.01)
+        b.send(b"x")
+        ready = select.select([a], [], [], 1.0)
+        poller = select.poll()
+        poller.register(a, select.POLLIN)
+        polled = poller.poll(100)
+        with selectors.DefaultSelector() as selector:
+            selector.register(a, selectors.EVENT_READ)
+            selected = selector.select(timeout=1.0)
+        return empty, len(ready[0]), len(polled), len(selected)
+
+
+@idiom
+def select_bad_arguments(work: str) -> Any:
+    return select.select([], [], [], -1)
+
+
+@idiom
+def ssl_context(work: str) -> Any:
+    import ssl
+
+    context = ssl.create_default_context()
+    return context.verify_mode == ssl.CERT_REQUIRED, context.check_hostname
+
+
+# --- sleeps, locks, threads, signals -------------------------------------------------------
+
+
+@idiom
+def sleep_arguments(work: str) -> Any:
+    outcomes = []
+    for call in (lambda: time.sleep(0), lambda: time.sleep(secs=0), lambda: time.sleep(-1), lambda: time.sleep("1")):
+        try:
+            call()
+            outcomes.append("ok")
+        except Exception as error:
+            outcomes.append(f"{type(error).__name__}: {error}")
+    return outcomes
+
+
+@idiom
+def lock_arguments(work: str) -> Any:
+    outcomes = []
+    lock = threading.Lock()
+    calls = (
+        lambda: lock.acquire(blocking="no"),
+        lambda: lock.acquire(timeout=-5),
+        lambda: lock.acquire(False, 1),
+        lambda: lock.__enter__(1),  # type: ignore[call-arg]
+        lambda: threading.RLock().acquire(timeout="x"),
+    )
+    for call in calls:
+        try:
+            outcomes.append(repr(call()))
+        except Exception as error:
+            outcomes.append(f"{type(error).__name__}: {error}")
+        if lock.locked():
+            lock.release()
+    return outcomes
+
+
+class _CountingEvent(threading.Event):
+    calls = 0
+
+    def is_set(self) -> bool:
+        _CountingEvent.calls += 1
+        return super().is_set()
+
+
+class _CountingQueue(queue.Queue):  # type: ignore[type-arg]
+    calls = 0
+
+    def _qsize(self) -> int:
+        _CountingQueue.calls += 1
+        return super()._qsize()
+
+
+class _CountingSocket(socket.socket):
+    calls = 0
+
+    def gettimeout(self) -> float | None:
+        _CountingSocket.calls += 1
+        return super().gettimeout()
+
+
+@idiom
+def primitives_through_subclasses(work: str) -> Any:
+    _CountingEvent.calls = _CountingQueue.calls = _CountingSocket.calls = 0
+    event = _CountingEvent()
+    event.set()
+    waited = event.wait(0.01)
+    jobs = _CountingQueue()
+    jobs.put(1)
+    got = jobs.get(timeout=0.01)
+    a, b = socket.socketpair()
+    with a, b:
+        sock = _CountingSocket(fileno=os.dup(a.fileno()))
+        with sock:
+            b.send(b"z")
+            data = sock.recv(1)
+    return waited, got, data, _CountingEvent.calls, _CountingQueue.calls, _CountingSocket.calls
+
+
+@idiom
+def signal_interrupts_sleep(work: str) -> Any:
+    # A signal whose handler returns: sleep resumes (PEP 475) and lasts its
+    # whole time. One whose handler raises: the exception comes out of sleep.
+    if threading.current_thread() is not threading.main_thread():
+        return "main thread only"
+    seen = []
+    previous = signal.signal(signal.SIGALRM, lambda *_: seen.append("alarm"))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.02)
+        start = time.monotonic()
+        time.sleep(0.1)
+        resumed = time.monotonic() - start >= 0.095
+
+        def interrupt(*_: object) -> None:
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.02)
+        try:
+            time.sleep(5)
+            interrupted = False
+        except KeyboardInterrupt:
+            interrupted = True
+        return seen, resumed, interrupted
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@idiom
+def signal_interrupts_read(work: str) -> Any:
+    if threading.current_thread() is not threading.main_thread():
+        return "main thread only"
+    read_end, write_end = os.pipe()
+    previous = signal.signal(signal.SIGALRM, lambda *_: os.write(write_end, b"!"))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.02)
+        return os.read(read_end, 1)  # EINTR, retried: the handler's byte arrives
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        os.close(read_end)
+        os.close(write_end)
+
+
+# --- introspection -------------------------------------------------------------------------
+
+
+@idiom
+def introspection(work: str) -> Any:
+    functions = (os.stat, os.read, os.write, os.getcwd, select.select, time.sleep, socket.socket.send)
+    return [
+        (
+            getattr(f, "__name__", None),
+            getattr(f, "__qualname__", None),
+            getattr(f, "__module__", None),
+            str(inspect.signature(f)),
+            callable(f),
+            inspect.isroutine(f),
+        )
+        for f in functions
+    ]
+
+
+@idiom
+def pickling(work: str) -> Any:
+    return [pickle.loads(pickle.dumps(f)) is f for f in (os.stat, os.getcwd, time.sleep, select.select)]
+
+
+@idiom
+def as_class_attributes(work: str) -> Any:
+    class Backoff:
+        sleep = time.sleep
+        stat = os.stat
+        cwd = os.getcwd
+
+    backoff = Backoff()
+    backoff.sleep(0)
+    return backoff.stat(work).st_mode == os.stat(work).st_mode, backoff.cwd() == os.getcwd()
+
+
+# --- the runner ----------------------------------------------------------------------------
+
+
+def describe(func: Callable[[str], Any], work: str) -> str:
+    try:
+        result: Any = func(work)
+    except BaseException as error:  # the outcome to compare, whatever it is
+        return describe_error(error, work)
+    if isinstance(result, subprocess.CompletedProcess):
+        result = (result.returncode, result.stdout)
+    text = repr(result).replace(work, "WORK")
+    return f"returned {text}"
+
+
+def describe_error(error: BaseException, work: str) -> str:
+    message = str(error).replace(work, "WORK")
+    if isinstance(error, subprocess.TimeoutExpired):
+        message = message.rpartition(" timed out after ")[0]  # the seconds it measured differ from run to run
+    return f"raised {type(error).__name__} errno={getattr(error, 'errno', None)}: {message}"
+
+
+def run_all(work: str, where: str) -> list[str]:
+    return [f"{where} {name}: {describe(func, work)}" for name, func in IDIOMS.items()]
+
+
+async def in_a_task(work: str) -> list[str]:
+    await asyncio.sleep(0)
+    return run_all(work, "in-loop")
+
+
+def main() -> None:
+    mode, work = sys.argv[1], sys.argv[2]
+    if mode == "on":
+        import aiocop
+
+        aiocop.start_blocking_io_detection()
+        aiocop.detect_slow_tasks(threshold_ms=30, on_slow_task=lambda event: None)
+    out = io.StringIO()
+    for line in run_all(work, "no-loop") + asyncio.run(in_a_task(work)):
+        print(line, file=out)
+    sys.stdout.write(out.getvalue())
+
+
+if __name__ == "__main__":
+    main()
