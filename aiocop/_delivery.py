@@ -512,7 +512,8 @@ class _Worker:
 
     def _handle(self, item: list[StepGroup] | Callable[[], None]) -> None:
         if self._discarding:
-            self.dropped += 1 if callable(item) else len(item)
+            with self._lock:  # loop threads count their drops too (in _put)
+                self.dropped += 1 if callable(item) else len(item)
             return
         if callable(item):
             item()
