@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from aiocop import _callbacks, _delivery, _hook, _loops, _rules, _state, _watchdog, _wrappers
 from aiocop._scope import ContextVarScope
@@ -14,6 +14,8 @@ from aiocop._state import Delivery
 from aiocop._validate import F, check_bool, check_callable, check_decorated, check_int, check_ms, check_name
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from aiocop._callbacks import SlowTaskCallback
 
 logger = logging.getLogger("aiocop")
@@ -235,10 +237,20 @@ class raise_on_violations(ContextVarScope[bool]):  # noqa: N801 - 1.x name
     ```
 
     It raises at the level last given to `enable_raise_on_violations()`
-    (`"high"` by default).
+    (`"high"` by default). As a decorator it works with or without
+    parentheses: `@aiocop.raise_on_violations()` or `@aiocop.raise_on_violations`.
     """
 
-    def __init__(self) -> None:
+    def __new__(cls, func: Callable[..., Any] | None = None) -> Any:
+        scope = super().__new__(cls)
+        if func is None:
+            return scope
+        # `@aiocop.raise_on_violations` without parentheses: decorate at once
+        # (Python calls __init__ only on what __new__ returns of this class).
+        raise_on_violations.__init__(scope)
+        return scope(func)
+
+    def __init__(self, func: Callable[..., Any] | None = None) -> None:
         super().__init__(_state.raise_on_violations)
 
     def _value(self) -> bool:

@@ -107,8 +107,12 @@ def test_enable_with_level(detector: Collector, loop_name: str) -> None:
     run_on(loop_name, main())
 
 
-def test_decorator_on_coroutine_function(detector: Collector, loop_name: str) -> None:
-    @aiocop.raise_on_violations()
+@pytest.mark.parametrize("parentheses", [True, False], ids=["called", "bare"])
+def test_decorator_on_coroutine_function(detector: Collector, loop_name: str, parentheses: bool) -> None:
+    # `@aiocop.raise_on_violations()`, and without the parentheses too.
+    decorator = aiocop.raise_on_violations() if parentheses else aiocop.raise_on_violations
+
+    @decorator
     async def guarded() -> None:
         await asyncio.sleep(0)
         time.sleep(0.001)
