@@ -250,6 +250,32 @@ def ssl_context(work: str) -> Any:
     return context.verify_mode == ssl.CERT_REQUIRED, context.check_hostname
 
 
+@idiom
+def ssl_socket_against_a_plain_peer(work: str) -> Any:
+    # SSLSocket.write and read (wrapped) on a blocking socket whose peer answers
+    # the handshake with plain text: the same SSLError either way.
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    a, b = socket.socketpair()
+    with a, b:
+        b.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n" * 4)
+        a.settimeout(5)
+        with context.wrap_socket(a, do_handshake_on_connect=False) as tls:
+            try:
+                tls.write(b"hello")
+                outcome = "written"
+            except ssl.SSLError as error:
+                outcome = f"SSLError {error.reason}"
+            try:
+                tls.read(1)
+            except (ssl.SSLError, OSError) as error:
+                outcome += f", then {type(error).__name__}"
+            return outcome
+
+
 # --- sleeps, locks, threads, signals -------------------------------------------------------
 
 
@@ -356,6 +382,38 @@ def signal_interrupts_sleep(work: str) -> Any:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@idiom
+def signal_interrupts_lock_wait(work: str) -> Any:
+    # A held lock waited on with a timeout: a signal whose handler returns
+    # lets the wait go on to its timeout; one whose handler raises ends it.
+    if threading.current_thread() is not threading.main_thread():
+        return "main thread only"
+    held = threading.Lock()
+    held.acquire()
+    previous = signal.signal(signal.SIGALRM, lambda *_: None)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.02)
+        start = time.monotonic()
+        got = held.acquire(timeout=0.1)
+        waited_out = time.monotonic() - start >= 0.095
+
+        def interrupt(*_: object) -> None:
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.02)
+        try:
+            held.acquire(timeout=5)
+            interrupted = False
+        except KeyboardInterrupt:
+            interrupted = True
+        return got, waited_out, interrupted
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        held.release()
 
 
 @idiom
