@@ -241,7 +241,7 @@ class raise_on_violations(ContextVarScope[bool]):  # noqa: N801 - 1.x name
     parentheses: `@aiocop.raise_on_violations()` or `@aiocop.raise_on_violations`.
     """
 
-    def __new__(cls, func: Callable[..., Any] | None = None) -> Any:
+    def __new__(cls, func: Callable[..., Any] | None = None, /) -> Any:
         scope = super().__new__(cls)
         if func is None:
             return scope
@@ -250,7 +250,7 @@ class raise_on_violations(ContextVarScope[bool]):  # noqa: N801 - 1.x name
         raise_on_violations.__init__(scope)
         return scope(func)
 
-    def __init__(self, func: Callable[..., Any] | None = None) -> None:
+    def __init__(self, func: Callable[..., Any] | None = None, /) -> None:
         super().__init__(_state.raise_on_violations)
 
     def _value(self) -> bool:

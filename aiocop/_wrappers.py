@@ -399,11 +399,12 @@ def _stand_in(original: Any, wrapper: Callable[..., Any], owner: Any) -> Any:
     if hasattr(original, "__text_signature__"):  # what inspect.signature reads of a builtin
         wrapper.__text_signature__ = original.__text_signature__  # type: ignore[attr-defined]
     if isinstance(owner, type):
-        # A method: a function binds like the C method it replaces. Pickle
-        # finds it by module and qualified name: the owner's, when the C
-        # method has no module of its own.
+        # A method: a function binds like the C method it replaces. A C
+        # method has no module of its own; a function always has the
+        # attribute, so None says the same (and pickle, finding None, looks
+        # the qualified name up in every module: the owner's holds the wrapper).
         if not hasattr(original, "__module__"):
-            wrapper.__module__ = owner.__module__
+            wrapper.__module__ = None  # type: ignore[assignment]
         return wrapper
     if isinstance(original, types.FunctionType):
         return wrapper
