@@ -273,7 +273,7 @@ def _deliver(group: StepGroup, origin: _Origin) -> None:
     finally:
         # The event keeps the group for its fields: not what the group holds
         # only to find and run its step (task, context, loop, the key frame).
-        group.task = group.key = group.loop = None
+        group.task = group.key = group.ident = group.loop = None
         group.context = _NO_CONTEXT
     _callbacks.invoke_callbacks(event)
 
@@ -331,39 +331,49 @@ def _claim(batch: list[StepGroup]) -> list[StepGroup]:
 
 def _take_stall(group: StepGroup) -> None:
     # Under merge_lock. If the watchdog is watching this very step stall, its
-    # samples join this event and it will not report the stall again.
+    # samples join this event and it will not report the stall again. If it
+    # is watching another step stall, seen running after this step's first
+    # blocking call, this step had ended when that one began (steps of one
+    # thread never overlap): its event does not last into that stall (a
+    # task's call followed, in the same loop iteration, by another task's
+    # CPU-bound step).
     watch = _loops.watches.get(group.thread_id)
     if watch is None:
         return
     step = watch.step
-    if group.stall is None and step is not None and step.stalled and not step.merged:
-        step.merged = True
-        group.stall = _watchdog.stall_of(step, step.start(), group.t_end, watch)
+    if step is not None and step.stalled and not step.merged and group.stall is None:
+        start = step.start()
+        if step.ident is group.ident:
+            step.merged = True
+            group.stall = _watchdog.stall_of(step, start, group.t_end, watch)
+        elif step.t_last > group.t_first:
+            group.t_end = max(group.t_first, min(group.t_end, start))
     if group.stall is not None:
         group.stall.release()  # the io event knows its task: keep no frame, task or context alive
     start = group.t_first if group.stall is None else min(group.t_first, group.stall.start)
-    watch.last_io = (start, group.t_end)
+    watch.delivered(group.ident, start, group.t_end)
 
 
 def _attach_to_io(watch: LoopWatch, stall: Stall) -> bool:
     # Called by the watchdog (under merge_lock) when a stall ends: an io event
-    # of the same step still waiting for delivery takes the stall over.
-    # Steps of one thread never overlap, so an undelivered io event of that
-    # thread whose first call came before the stall ended, and which had not
-    # ended before the stall's middle, is the same step. (The stall's edges
-    # are estimates: its start may fall after the step's first call, or a
-    # little before the end of the previous step.)
+    # of the same step still waiting for delivery takes the stall over. An
+    # undelivered io event of another step of that thread, whose first call
+    # came before the stall ended, belongs to a step that had ended when the
+    # stall began (steps of one thread never overlap; the stall's start is an
+    # estimate, which may fall a little before that call).
+    taken = False
     for group in list(_hook.unclaimed):
-        if (
-            group.thread_id == watch.thread_id
-            and group.stall is None
-            and group.t_first <= stall.end
-            and (not group.t_end or group.t_end >= stall.middle())
-        ):
-            stall.release()  # the io event knows its task: keep no frame, task or context alive
-            group.stall = stall
-            return True
-    return False
+        if group.thread_id != watch.thread_id:
+            continue
+        if group.ident is stall.ident:
+            if not taken and group.stall is None and group.t_first <= stall.end:
+                group.stall = stall
+                taken = True
+        elif group.t_first < stall.end and (not group.t_end or group.t_end > stall.start):
+            group.t_end = max(group.t_first, stall.start)
+    if taken:
+        stall.release()  # the io event knows its task: keep no frame, task or context alive
+    return taken
 
 
 def _report_stall(stall: Stall) -> None:
@@ -386,6 +396,8 @@ def _report_stall(stall: Stall) -> None:
     loop = stall.watch.loop
     if _state.config.delivery == "loop" and loop is not None and loop.is_running():
         _hand_to_loop(loop, deliver, context)
+    elif _state.config.delivery == "loop" and threading.get_ident() == stall.watch.thread_id:
+        context.run(deliver)  # the loop's own thread, as the loop stops (_loop_stopping)
     else:
         _worker.submit_call(lambda: context.run(deliver))
 
@@ -413,10 +425,47 @@ def _hand_to_loop(loop: AbstractEventLoop, deliver: Callable[[], None], context:
 
 
 def deliver_stranded(stopping: AbstractEventLoop | None = None) -> None:
-    """Hand the stall reports queued on loops that are not running (or on `stopping`) to the worker."""
+    """Deliver the stall reports queued on loops that are not running (or on `stopping`).
+
+    On the stopping loop's own thread, with `delivery="loop"`, they run here
+    and now; the rest go to the worker.
+    """
+    here = stopping is not None and _state.config.delivery == "loop"
     for token, (loop, run) in list(_on_loops.items()):
         if (loop is stopping or not loop.is_running()) and _on_loops.pop(token, None) is not None:
-            _worker.submit_call(run)
+            if here and loop is stopping:
+                run()
+            else:
+                _worker.submit_call(run)
+
+
+# How long a stopping loop waits for the delivery thread to report its last
+# steps (delivery="thread"): every event reaches its callback before
+# `asyncio.run()` returns, unless a callback is this slow.
+_STOP_WAIT_S = 2.0
+
+
+def _loop_stopping(watch: LoopWatch, stopped: float, cpu: float | None) -> None:
+    """Called by a loop's own thread as the loop stops, after its last step.
+
+    That step is over: the watchdog's view of it is finished here (a stall
+    in it is reported now, not at the watchdog's next look, which can come
+    after `asyncio.run()` has returned), and every report of this loop is
+    delivered before the loop's run returns: on this thread with
+    `delivery="loop"`, by the delivery thread, waited for, with `"thread"`.
+    """
+    state = _hook.current_state()
+    was_busy, state.busy = state.busy, True  # some loops (veloxloop) are still "running" here
+    try:
+        queued = _worker.pending()
+        _watchdog.watchdog.finish(watch, stopped, cpu)
+        loop = watch.loop
+        if loop is not None:
+            deliver_stranded(loop)
+        if _worker.pending() > queued or (_state.config.delivery == "thread" and queued):
+            _worker.wait(_STOP_WAIT_S)
+    finally:
+        state.busy = was_busy
 
 
 def make_violation(group: StepGroup) -> HighSeverityBlockingIoException:
@@ -524,6 +573,15 @@ class _Worker:
             # A copy: the loop thread may still be inside the original.
             group.context.copy().run(deliver_now, group)
 
+    def wait(self, timeout: float) -> bool:
+        """Wait until what is queued now has been handled; False if `timeout` passed first."""
+        thread = self._thread
+        if thread is None or not thread.is_alive() or thread is threading.current_thread():
+            return False
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout)
+
     def drain(self, timeout: float = 5.0) -> None:
         """Deliver what is queued, within `timeout`; drop (count, log) what is left; return with no callback running.
 
@@ -561,10 +619,24 @@ def _claim_all(groups: list[StepGroup]) -> list[StepGroup]:
         return [g for g in groups if _hook.claim(g)]
 
 
-def _orphans(groups: list[StepGroup]) -> None:
-    claimed = _claim_all(groups)
-    if claimed:
-        _worker.submit(claimed)
+def _orphans(groups: list[StepGroup], at_boundary: bool) -> None:
+    # Steps whose loop stopped before their delivery callback ran. At a loop
+    # boundary (on that thread, as its loop stops or the next one starts, no
+    # loop running) they are delivered before the loop's run returns, like
+    # every other event; found later, by another loop's step, off the loop.
+    claimed = _claim(groups)
+    if not claimed:
+        return
+    here = at_boundary and all(g.thread_id == threading.get_ident() for g in claimed)
+    if here and _state.config.delivery == "loop":
+        for group in claimed:
+            if not group.t_end:
+                group.t_end = perf_counter()
+            group.context.copy().run(deliver_now, group)
+        return
+    _worker.submit(claimed)
+    if here:
+        _worker.wait(_STOP_WAIT_S)
 
 
 def drain() -> None:
@@ -577,7 +649,7 @@ _watchdog.report_stall = _report_stall
 _watchdog.attach_to_io = _attach_to_io
 _hook.orphan_handler = _orphans
 _hook.make_violation = make_violation
-_loops.on_stop = deliver_stranded
+_loops.on_stop = _loop_stopping
 atexit.register(drain)
 
 

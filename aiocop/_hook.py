@@ -39,6 +39,8 @@ logger = logging.getLogger("aiocop")
 # How far up a stack the walk goes when it finds no edge of the step.
 _MAX_WALK = 256
 _WRAPPERS_MODULE = "aiocop._wrappers"
+# Handle._run's module: a new frame for every callback and task step, the step's identity.
+_ASYNCIO_DISPATCH = "asyncio.events"
 _WRAPPERS_GLOBALS = vars(_wrappers)  # the f_globals of every wrapper's frame
 _BUFFER_TYPES = (bytes, bytearray, memoryview)
 _LOOP_BOUNDARY_EVENTS = ("sys.set_asyncgen_hook_firstiter",)
@@ -199,6 +201,10 @@ class StepGroup:
 
     loop: AbstractEventLoop | None
     key: object  # what identifies the step: its task, or a callback's outermost frame
+    # The step as the watchdog names it (`_watchdog.step_of`): asyncio's
+    # dispatch frame, else the step's outermost frame. A stall of this very
+    # step joins its event; any other step's stall is its own event.
+    ident: object = None
     task: Task[Any] | None
     thread_id: int
     thread_name: str
@@ -219,9 +225,9 @@ class StepGroup:
 unclaimed: dict[StepGroup, StepGroup] = {}
 # Set by _delivery: (batch of groups) -> None, run on the loop thread after the steps.
 flush_callback: Callable[[list[StepGroup]], None] | None = None
-# Set by _delivery: hands groups whose loop stopped before their delivery
-# callback ran to the off-loop worker.
-orphan_handler: Callable[[list[StepGroup]], None] | None = None
+# Set by _delivery: delivers groups whose loop stopped before their delivery
+# callback ran (`at_boundary`: called as a loop starts or stops on this thread).
+orphan_handler: Callable[[list[StepGroup], bool], None] | None = None
 # Set by _delivery: builds the exception raised by raise_on_violations.
 make_violation: Callable[[StepGroup], BaseException] | None = None
 
@@ -263,6 +269,8 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
         # loop): reading cr_frame is an audit event of its own.
         root = getattr(task.get_coro(), "cr_frame", None)
     frames: list[FrameType] = []
+    outer: FrameType | None = None  # the outermost frame of the step, aiocop's own included
+    ident: FrameType | None = None  # asyncio's dispatch frame, where there is one
     trace: list[tuple[CodeType, int]] = []
     site: tuple[CodeType, int] | None = None
     depth = _state.config.trace_depth
@@ -285,6 +293,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
             if kind == _AIOCOP:
                 if frames and name == _WRAPPERS_MODULE:
                     return None  # nested inside an outer aiocop wrapper: reported once, by it
+                outer = frame
                 frame = frame.f_back
                 continue
             if kind == _LOOP:
@@ -292,6 +301,8 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
                 if roles is not None:
                     role = roles.get(frame.f_code.co_name)
                     if role == "dispatch":
+                        if name == _ASYNCIO_DISPATCH:
+                            ident = frame
                         break
                     if role == "core":
                         return None  # the loop's own machinery, outside any step
@@ -300,6 +311,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
         if not frames:
             caller_module, caller_kind = name, kind
         frames.append(frame)
+        outer = frame
         if len(trace) < depth:
             pair = (frame.f_code, frame.f_lasti)
             trace.append(pair)
@@ -339,6 +351,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
         group = state.group = StepGroup()
         group.loop = loop
         group.key = key
+        group.ident = ident if ident is not None else outer
         group.task = task
         group.thread_id = state.thread_id
         group.thread_name = state.thread_name
@@ -406,7 +419,7 @@ def _schedule(group: StepGroup, loop: AbstractEventLoop, state: _ThreadState) ->
     if pending is not None:
         stale = [g for g in pending if g in unclaimed]
         if stale and orphan_handler is not None:
-            orphan_handler(stale)  # delivered off the loop, now rather than at exit
+            orphan_handler(stale, False)  # delivered off the loop, now rather than at exit
     state.pending = pending = [group]
     state.pending_loop = loop
     if flush_callback is None:
@@ -451,7 +464,7 @@ def _on_loop_boundary() -> None:
     if orphans and orphan_handler is not None and not state.busy:
         state.busy = True
         try:
-            orphan_handler(orphans)
+            orphan_handler(orphans, True)
         except Exception:
             _internal_error()
         finally:

@@ -41,9 +41,11 @@ class LoopWatch:
         "beat_done",
         "beat_posted",
         "cpu_clock",
+        "discovered",
         "idle_cpu",
         "idle_t",
         "last_io",
+        "last_io_ident",
         "loop_name",
         "loop_ref",
         "step",
@@ -66,17 +68,34 @@ class LoopWatch:
         self.loop_name = f"{cls.__module__}.{cls.__qualname__}@{address}"
         self.base_frame = base_frame
         self.cpu_clock = _cpu_clock(self.thread_id)
+        # Found by the watchdog, not told by the loop's start: its stop is not
+        # told either, and is noticed when the watchdog sees it not running.
+        self.discovered = False
         # Owned by the watchdog thread (see _watchdog.py).
         self.step: Any = None
         self.beat_posted = 0.0  # perf_counter() of the heartbeat in flight, or 0
         self.beat_done = 0.0  # when the last heartbeat ran on the loop
         self.last_io: tuple[float, float] = (0.0, 0.0)  # window of the last io event delivered
+        # and the id() of its step (`_watchdog.step_of`): not the frame itself,
+        # which would keep its locals (the task) alive. An id can be reused
+        # once the frame has gone, but only by a step that began after that
+        # delivery, which the window tells apart.
+        self.last_io_ident = 0
         self.idle_t = 0.0  # last poll that saw the loop idle, and its CPU clock then
         self.idle_cpu: float | None = None
 
     @property
     def loop(self) -> AbstractEventLoop | None:
         return self.loop_ref()
+
+    def delivered(self, ident: object, start: float, end: float) -> None:
+        """An io event of step `ident`, lasting from `start` to `end`, has been delivered (under merge_lock).
+
+        A stall of that step the watchdog finishes later (its look was taken
+        before the delivery) is not reported again.
+        """
+        self.last_io = (start, end)
+        self.last_io_ident = id(ident)
 
     def cpu_time(self) -> float | None:
         if self.cpu_clock is None:
@@ -103,8 +122,9 @@ watches: dict[int, LoopWatch] = {}
 _watch_lock = _forksafe.lock()
 # Called with the new watch when a loop starts (the watchdog wakes up).
 on_change: Callable[[], None] | None = None
-# Called by a loop's thread as the loop stops, with the loop (set by _delivery).
-on_stop: Callable[[AbstractEventLoop], None] | None = None
+# Called by a loop's thread as the loop stops, after its last step, with the
+# loop's watch, the time and the thread's CPU time (set by _delivery).
+on_stop: Callable[[LoopWatch, float, float | None], None] | None = None
 # Loops that stopped since the watchdog last looked, with when they stopped and
 # their thread's CPU time then. The watchdog finishes the step each one was
 # in: without this a stall in a loop's very last step (a test body that never
@@ -152,9 +172,10 @@ def unregister(thread_id: int, *, stopping: bool = False) -> None:
         watches = {k: v for k, v in watches.items() if k != thread_id}
     watch.base_frame = None  # the loop no longer runs: keep no frame (and its locals) alive
     if stopping:
-        retired.append((watch, time.perf_counter(), watch.cpu_time()))
-        if on_stop is not None and watch.loop is not None:
-            on_stop(watch.loop)
+        stopped, cpu = time.perf_counter(), watch.cpu_time()
+        retired.append((watch, stopped, cpu))  # in case the watchdog's look, already under way, sees it after
+        if on_stop is not None:
+            on_stop(watch, stopped, cpu)
 
 
 def ensure_registered(loop: AbstractEventLoop) -> None:
@@ -164,7 +185,7 @@ def ensure_registered(loop: AbstractEventLoop) -> None:
         register(loop, None)
 
 
-_PYTHON_LOOP_PACKAGES = frozenset(f.module.partition(".")[0] for f in LOOP_FRAMES)
+PYTHON_LOOP_PACKAGES = frozenset(f.module.partition(".")[0] for f in LOOP_FRAMES)
 _MISSING = object()
 # The two calls wrapped below, as they were before aiocop wrapped them. Kept
 # once set, never reset: anyone who bound a wrapper while aiocop was installed
@@ -192,7 +213,7 @@ def _set_asyncgen_hooks(*args: Any, **kwargs: Any) -> Any:
             # bounds its steps; a loop written in Python is bounded by its own
             # dispatch frames (_internals.LOOP_FRAMES), so nothing is kept for
             # it (holding a frame keeps its locals alive).
-            python_loop = type(owner).__module__.partition(".")[0] in _PYTHON_LOOP_PACKAGES
+            python_loop = type(owner).__module__.partition(".")[0] in PYTHON_LOOP_PACKAGES
             register(owner, None if python_loop else sys._getframe(1), starting=True)
         elif firstiter is not _MISSING:
             unregister(threading.get_ident(), stopping=True)  # hooks restored: the loop stopped
@@ -209,7 +230,7 @@ def _set_running_loop(loop: AbstractEventLoop | None) -> None:
         return
     try:
         if isinstance(loop, AbstractEventLoop):
-            python_loop = type(loop).__module__.partition(".")[0] in _PYTHON_LOOP_PACKAGES
+            python_loop = type(loop).__module__.partition(".")[0] in PYTHON_LOOP_PACKAGES
             register(loop, None if python_loop else sys._getframe(1), starting=True)
         elif loop is None:
             unregister(threading.get_ident(), stopping=True)

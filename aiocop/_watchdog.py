@@ -31,6 +31,7 @@ import logging
 import os
 import sys
 import threading
+import weakref
 from _thread import LockType, allocate_lock
 from collections import deque
 from dataclasses import dataclass
@@ -209,11 +210,13 @@ class Stall:
     root: FrameType | None
     waiting_top: bool = False  # the most frequent stack was sampled while waiting
     task: StalledTask | None = None  # whose step it was, as seen while it stalled
+    ident: object = None  # the step's identity (`step_of`): an io event of the same step takes the stall
 
     def release(self) -> None:
         """Drop the stalled frame and task: once its event exists, it says which task it was."""
         self.root = None
         self.task = None
+        self.ident = None
 
     def culprit(self) -> str:
         """What the loop was doing (reads source lines: call it off the hot path)."""
@@ -369,7 +372,7 @@ class Watchdog:
         busy = active = False
         for thread_id, watch in watches.items():
             frame = frames.get(thread_id)
-            if frame is None:
+            if frame is None or (watch.discovered and not _still_running(watch)):
                 self._finish(watch, now)
                 _loops.unregister(thread_id)
                 continue
@@ -456,12 +459,21 @@ class Watchdog:
             step.merged = True
         self._report(stall)
 
+    def finish(self, watch: LoopWatch, stopped: float, cpu: float | None) -> None:
+        """Finish the step `watch`'s loop was in, which ended by `stopped` (the loop stopped).
+
+        Called by the loop's own thread as it stops: a stall in the loop's
+        last step is reported then, before the loop's run returns, instead of
+        at the watchdog's next look. Exactly once, whoever finishes it first.
+        """
+        self._finish(watch, stopped, cpu)
+
     def _report(self, stall: Stall) -> None:
         watch = stall.watch
         with merge_lock:
             io_start, io_end = watch.last_io
-            if io_start and io_start <= stall.end and io_end >= stall.middle():
-                return  # its io event was delivered already: one report per stall
+            if watch.last_io_ident == id(stall.ident) and io_start <= stall.end and io_end >= stall.middle():
+                return  # its io event was delivered already (this look began before): one report per stall
             if attach_to_io is not None and attach_to_io(watch, stall):
                 return
         if report_stall is not None:
@@ -561,11 +573,16 @@ def step_of(frame: FrameType, watch: LoopWatch) -> tuple[object, FrameType, Fram
 
 
 def _is_own(root: FrameType) -> bool:
-    # aiocop's own step: a delivery, running the slow-task callbacks. A slow
-    # callback is not the application's stall (aiocop warns about it once,
-    # see _callbacks); reported, its report would run the callback again, and
-    # stall again, for ever.
-    return _frames.frame_kind(root) == Kind.AIOCOP
+    # aiocop's own step: a delivery running the slow-task callbacks, or the
+    # watchdog's heartbeat. A slow callback is not the application's stall
+    # (aiocop warns about it once, see _callbacks); reported, its report would
+    # run the callback again, and stall again, for ever. A step whose
+    # outermost frame is one of aiocop's decorators (`@raise_on_violations`
+    # on a task's coroutine) is the application's.
+    return root.f_globals.get("__name__") in _OWN_STEP_MODULES
+
+
+_OWN_STEP_MODULES = frozenset({"aiocop._delivery", "aiocop._callbacks", "aiocop._watchdog"})
 
 
 def _sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float) -> None:
@@ -598,7 +615,7 @@ def _sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float) -> N
 def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
     samples = sorted(step.samples.items(), key=itemgetter(1), reverse=True)  # most common first
     top_waiting = bool(samples) and step.waiting.get(samples[0][0], 0) * 2 >= samples[0][1]
-    return Stall(watch, start, end, samples, not step.cpu_bound(), step.root, top_waiting, step.task)
+    return Stall(watch, start, end, samples, not step.cpu_bound(), step.root, top_waiting, step.task, step.ident)
 
 
 @dataclass(frozen=True)
@@ -613,14 +630,32 @@ class StalledTask:
     def of(cls, loop: asyncio.AbstractEventLoop | None, root: FrameType | None) -> StalledTask:
         """The task of `loop` whose coroutine runs in `root`, as it is now."""
         task = _find_task(loop, root)
-        get_context = getattr(task, "get_context", None)  # Task.get_context() is 3.12+
-        context = get_context().copy() if get_context is not None else contextvars.Context()
+        context = _context_of(task)
         if task is None:
             return cls(None, context, True)  # a plain callback: always watched
         # The task's own monitored() scope if it entered one (known on every
         # version and loop), else the one it inherited (3.12+ only).
         own = _state.task_monitored.get(task)
         return cls(task, context, context.get(_state.monitored, True) if own is None else own)
+
+
+def _context_of(task: Any) -> contextvars.Context:
+    """A copy of the context `task` runs its steps in (its request's keys), read from another thread."""
+    if task is None:
+        return contextvars.Context()
+    get_context = getattr(task, "get_context", None)  # Task.get_context() is 3.12+
+    if get_context is not None:
+        return get_context().copy()  # type: ignore[no-any-return]
+    held = getattr(task, "_context", None)  # asyncio's Task written in Python, and its likes
+    if isinstance(held, contextvars.Context):
+        return held.copy()
+    # The C Task of 3.10 and 3.11 has no accessor, but reports what it holds
+    # to the garbage collector, its own context first (before the contexts of
+    # its done-callbacks): the one place that context can be read from.
+    for referent in gc.get_referents(task):
+        if type(referent) is contextvars.Context:
+            return referent.copy()
+    return contextvars.Context()
 
 
 def _find_task(loop: asyncio.AbstractEventLoop | None, root: FrameType | None) -> Any:
@@ -650,8 +685,17 @@ def _line(code: CodeType, lasti: int) -> int:
 
 
 def _discover(frames: dict[int, FrameType], watches: dict[int, LoopWatch]) -> None:
-    # Loops that never set asyncgen hooks and have made no blocking call yet
-    # (veloxloop): find their dispatch frame on a thread's stack.
+    """Find running loops whose start aiocop did not see, on the stacks of the other threads.
+
+    Two kinds: loops written in Python that set no asyncgen hooks and have
+    made no blocking call yet (veloxloop), by their dispatch frame; and loops
+    written in C that bound the start signals before aiocop wrapped them
+    (Leviathan looks up `sys.set_asyncgen_hooks` and
+    `asyncio._set_running_loop` once, at import), by the running loop the
+    thread's innermost frame holds: idle, such a loop runs no Python code,
+    and that frame is the one that called into it.
+    """
+    known = {id(watch.loop) for watch in watches.values()}
     for thread_id, frame in frames.items():
         if thread_id in watches or thread_id == threading.get_ident():
             continue
@@ -667,11 +711,62 @@ def _discover(frames: dict[int, FrameType], watches: dict[int, LoopWatch]) -> No
                     _register_foreign(loop, thread_id)
                 break
             f = f.f_back
+        else:
+            loop = _running_loop_held_by(frame)
+            if loop is not None and id(loop) not in known:
+                _probe(loop)
+
+
+def _still_running(watch: LoopWatch) -> bool:
+    loop = watch.loop
+    return loop is not None and loop.is_running()
 
 
 def _register_foreign(loop: Any, thread_id: int) -> None:
     if isinstance(loop, asyncio.AbstractEventLoop):
         _loops.register(loop, None, thread_id)
+
+
+def _running_loop_held_by(frame: FrameType) -> asyncio.AbstractEventLoop | None:
+    # A local of the frame (`loop.run_forever()` in the application's code),
+    # or one held by a local (`self._loop` of asyncio.Runner.run).
+    for value in frame.f_locals.values():
+        for candidate in (value, getattr(value, "_loop", None) if isinstance(value, _RUNNER) else None):
+            if isinstance(candidate, asyncio.AbstractEventLoop) and candidate.is_running():
+                return candidate
+    return None
+
+
+_RUNNER: Any = getattr(asyncio, "Runner", ())  # 3.11+; asyncio.run() of 3.10 holds its loop in a local
+
+
+# Loops sent a probe, and when: one probe per loop while it has not answered.
+_probed: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, float] = weakref.WeakKeyDictionary()
+_PROBE_AGAIN_S = 5.0
+
+
+def _probe(loop: asyncio.AbstractEventLoop) -> None:
+    """Ask `loop` to run a callback that registers it, on its own thread and with its own edge.
+
+    Which thread runs a loop cannot be told from outside (the frame that
+    holds it may be another thread's); a callback the loop runs can, and the
+    frame below it is the one that called into a loop written in C: the edge
+    of its steps, as the start signal would have given.
+    """
+    now = perf_counter()
+    if now - _probed.get(loop, -_PROBE_AGAIN_S) < _PROBE_AGAIN_S:
+        return
+    _probed[loop] = now
+
+    def found() -> None:
+        if threading.get_ident() in _loops.watches:
+            return
+        python_loop = type(loop).__module__.partition(".")[0] in _loops.PYTHON_LOOP_PACKAGES
+        watch = _loops.register(loop, None if python_loop else sys._getframe(1))
+        watch.discovered = True
+
+    with contextlib.suppress(RuntimeError):  # closed meanwhile
+        loop.call_soon_threadsafe(found, context=contextvars.Context())
 
 
 watchdog = Watchdog()

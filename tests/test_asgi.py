@@ -14,7 +14,6 @@ import math
 import os
 import random
 import re
-import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -528,8 +527,7 @@ def test_stall_in_the_last_step_of_a_request_follows_its_sampling(
 
     run_on(loop_name, main())
     events = watchdog.settle(1)
-    # Before 3.12 stall events carry no request keys (a documented limit).
-    keys = context_of("/s/compute", "/s/compute") if sys.version_info >= (3, 12) else {}
+    keys = context_of("/s/compute", "/s/compute")
     assert [(e.task_name is not None, e.context) for e in events] == [(True, keys)]
 
 
@@ -554,17 +552,9 @@ def test_unsampled_stall_in_a_task_marked_watched_is_not_reported(
 def test_stall_events_carry_the_request(
     watchdog: Collector,  # noqa: F811 - the fixture
     loop_name: str,
-    request: pytest.FixtureRequest,
 ) -> None:
-    if sys.version_info < (3, 12):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="before 3.12 a task's context cannot be read from the watchdog's thread "
-                "(no Task.get_context()), so providers of stall events see an empty context",
-            )
-        )
-
+    # On every version: 3.10 and 3.11 have no Task.get_context(), and the
+    # watchdog reads the task's context where the garbage collector sees it.
     async def stalls_once(scope: Scope) -> None:
         await timed_stall(stalls.spin)
 
