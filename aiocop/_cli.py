@@ -65,7 +65,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         usage=f"{PROG} run [options] (script.py | -m module) [args ...]",
         description=(
             "Run a Python program with aiocop watching every event loop it starts, then print a "
-            "table of the call sites that blocked a loop: count, loop time lost, worst step, severity."
+            "table of the call sites that blocked a loop: count, loop time lost, worst step, impact."
         ),
     )
     run.add_argument(
@@ -93,8 +93,8 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     run.add_argument(
         "--fail-on",
         choices=LEVELS,
-        metavar="SEVERITY",
-        help=f"exit with status {EXIT_FAIL_ON} if a call site reached this severity (low, medium or high)",
+        metavar="IMPACT",
+        help=f"exit with status {EXIT_FAIL_ON} if a call site reached this impact (low, medium or high)",
     )
     run.add_argument("--top", type=_positive(int), default=20, metavar="N", help="rows shown (default: 20)")
     run.add_argument("-v", "--verbose", action="store_true", help="also print each event as it is reported")
@@ -226,9 +226,7 @@ def _run(program: Program, settings: argparse.Namespace) -> int:
         _write_json(settings.json, program, status, summary)
     worst = summary.worst_level()
     if status == 0 and settings.fail_on and worst is not None and level_rank(worst) >= level_rank(settings.fail_on):
-        print(
-            f"aiocop: failing: a call site reached severity {worst!r} (--fail-on {settings.fail_on})", file=sys.stderr
-        )
+        print(f"aiocop: failing: a call site reached impact {worst!r} (--fail-on {settings.fail_on})", file=sys.stderr)
         return EXIT_FAIL_ON
     return status
 

@@ -24,7 +24,7 @@ from aiocop import _callbacks, _forksafe, _hook, _loops, _state, _watchdog
 from aiocop._events import BlockingEventInfo, CpuStackSample, RawBlockingEvent, SlowTaskEvent
 from aiocop._exceptions import HighSeverityBlockingIoException
 from aiocop._frames import format_frame, is_internal_file
-from aiocop._severity import get_severity_level_from_score
+from aiocop._severity import get_severity_level_from_score, impact_level
 
 if TYPE_CHECKING:
     from asyncio import AbstractEventLoop
@@ -211,6 +211,7 @@ def _step_fields(
         "dropped_events": group.dropped,
         "call_site": events[0]["entry_point"] if events else samples[0]["entry_point"] if samples else "",
         "culprit": stall.culprit() if stall is not None else "",
+        "impact": impact_level(group.score, elapsed_ms, threshold_ms),
     }
 
 

@@ -91,12 +91,15 @@ def headline(event: SlowTaskEvent) -> str:
     """One line naming what blocked, where, and for how long."""
     site = call_site(event)
     if event.reason == "cpu_blocking":
-        return f"aiocop: loop stalled {event.elapsed_ms:.1f} ms at {site}: {event.culprit or 'no call to intercept'}"
+        return (
+            f"aiocop: loop stalled {event.elapsed_ms:.1f} ms at {site} (impact {event.impact}): "
+            f"{event.culprit or 'no call to intercept'}"
+        )
     names = ", ".join(dict.fromkeys(info.get("name", info["event"]) for info in event.blocking_events))
     task = f", task {event.task_name!r}" if event.task_name else ""
     return (
         f"aiocop: blocking call {names} at {site} "
-        f"(severity {event.severity_level}, loop held {event.elapsed_ms:.1f} ms{task})"
+        f"(impact {event.impact}, severity {event.severity_level}, loop held {event.elapsed_ms:.1f} ms{task})"
     )
 
 
@@ -219,6 +222,7 @@ def structured_fields(event: SlowTaskEvent, occurrence: Occurrence) -> dict[str,
         "blocking_event": calls[0]["event"] if calls else STALL,
         "call_site": data.pop("call_site"),
         "duration_ms": data.pop("elapsed_ms"),
+        "impact": data.pop("impact"),
         "severity": data.pop("severity_level"),
         "task": data.pop("task"),
         "thread": data.pop("thread"),

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, cast, overload
 
 from aiocop import _delivery, _forksafe, _hook, _loops, _watchdog
 from aiocop._report import STALL, call_site, describe, source_line
-from aiocop._severity import level_threshold
+from aiocop._severity import level_rank, level_threshold
 
 if TYPE_CHECKING:
     from aiocop._allow import AllowRule
@@ -186,14 +186,21 @@ def failing(
 
     Blocking calls whose step reaches `fail_on` (calls that weigh nothing,
     such as `os.getcwd`, never do); and, if `stalls`, steps the watchdog saw
-    stuck past the threshold unless an allow rule without event names covers
-    their call site (rules naming events only ever match intercepted calls).
+    stuck past the threshold whose impact reaches `fail_on` (a stall is
+    "medium" from the threshold, "high" from twice it), unless an allow rule
+    without event names covers their call site (rules naming events only
+    ever match intercepted calls).
     """
     minimum = max(1, level_threshold(fail_on))
     bad = []
     for event in events:
         blocked = event.reason != "cpu_blocking" and event.severity_score >= minimum
-        stalled = stalls and is_stall(event) and not any(_allows_stall(rule, event) for rule in rules)
+        stalled = (
+            stalls
+            and is_stall(event)
+            and level_rank(event.impact) >= level_rank(fail_on)
+            and not any(_allows_stall(rule, event) for rule in rules)
+        )
         if blocked or stalled:
             bad.append(event)
     return bad
@@ -253,7 +260,10 @@ def _describe_stall(event: SlowTaskEvent) -> str:
     # once. The task of a stall in a loop's last step has finished before the
     # watchdog reports it: then no task name is known.
     where = f" in task {event.task_name!r}" if event.task_name else ""
-    lines = [f"loop stalled for {event.elapsed_ms:.1f} ms{where}: {event.culprit or 'no call to intercept'}"]
+    lines = [
+        f"loop stalled for {event.elapsed_ms:.1f} ms{where} (impact {event.impact}): "
+        f"{event.culprit or 'no call to intercept'}"
+    ]
     lines.append(f"  at {call_site(event)}")
     samples = event.cpu_stack_samples
     if samples:

@@ -51,6 +51,7 @@ def to_record(event: SlowTaskEvent) -> dict[str, Any]:
         "elapsed_ms": round(event.elapsed_ms, 3),
         "threshold_ms": event.threshold_ms,
         "exceeded_threshold": event.exceeded_threshold,
+        "impact": event.impact,
         "severity_level": event.severity_level,
         "severity_score": event.severity_score,
         "blocking_calls": [
@@ -86,7 +87,10 @@ def describe(event: SlowTaskEvent, *, max_calls: int = 10) -> str:
     """A readable, multi-line account of one event, with the offending lines."""
     where = f" in task {event.task_name!r}" if event.task_name else " in a callback"
     if event.reason == "cpu_blocking":
-        lines = [f"loop stalled for {event.elapsed_ms:.1f} ms{where}: {event.culprit or 'no call to intercept'}"]
+        lines = [
+            f"loop stalled for {event.elapsed_ms:.1f} ms{where} (impact {event.impact}): "
+            f"{event.culprit or 'no call to intercept'}"
+        ]
         lines.append(f"  at {call_site(event)}")
         for sample in event.cpu_stack_samples[:3]:
             lines.append(f"  sampled {sample['count']}x: {sample['trace']}")
@@ -94,7 +98,7 @@ def describe(event: SlowTaskEvent, *, max_calls: int = 10) -> str:
         count = len(event.blocking_events) + event.dropped_events
         lines = [
             f"{count} blocking call{'s' if count != 1 else ''}{where} "
-            f"(severity {event.severity_level}, loop held {event.elapsed_ms:.1f} ms)"
+            f"(impact {event.impact}, severity {event.severity_level}, loop held {event.elapsed_ms:.1f} ms)"
         ]
         for info in event.blocking_events[:max_calls]:
             lines.append(f"  {info['event']}")
@@ -123,7 +127,7 @@ class SiteStats:
     steps: int = 0
     total_ms: float = 0.0
     worst_ms: float = 0.0
-    severity: str = "low"
+    impact: str = "low"  # the highest impact of those steps (SlowTaskEvent.impact)
     example_trace: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -134,7 +138,7 @@ class SiteStats:
             "steps": self.steps,
             "total_ms": round(self.total_ms, 3),
             "worst_ms": round(self.worst_ms, 3),
-            "severity": self.severity,
+            "impact": self.impact,
             "example_trace": self.example_trace,
         }
 
@@ -174,9 +178,8 @@ class Summary:
             row.steps += 1
             row.total_ms += event.elapsed_ms
             row.worst_ms = max(row.worst_ms, event.elapsed_ms)
-            level = _stall_level(event) if event.reason == "cpu_blocking" else event.severity_level
-            if level_rank(level) > level_rank(row.severity):
-                row.severity = level
+            if level_rank(event.impact) > level_rank(row.impact):
+                row.impact = event.impact
 
     def rows(self) -> list[SiteStats]:
         """The rows, most loop time lost first."""
@@ -185,9 +188,9 @@ class Summary:
         return sorted(rows, key=lambda r: (-r.total_ms, -r.count, r.call_site, r.event))
 
     def worst_level(self) -> str | None:
-        """The highest severity seen, or `None` when nothing was reported."""
+        """The highest impact seen, or `None` when nothing was reported."""
         rows = self.rows()
-        return max((r.severity for r in rows), key=level_rank) if rows else None
+        return max((r.impact for r in rows), key=level_rank) if rows else None
 
     def render(self, limit: int | None = None) -> str:
         """The rows as a plain-text table."""
@@ -195,9 +198,9 @@ class Summary:
         if not rows:
             return "aiocop: no blocking calls or stalls were seen on the event loop."
         shown = rows if limit is None else rows[:limit]
-        headers = ("call site", "event", "count", "total ms", "worst ms", "severity")
+        headers = ("call site", "event", "count", "total ms", "worst ms", "impact")
         table = [
-            (r.call_site, r.event, str(r.count), f"{r.total_ms:.1f}", f"{r.worst_ms:.1f}", r.severity) for r in shown
+            (r.call_site, r.event, str(r.count), f"{r.total_ms:.1f}", f"{r.worst_ms:.1f}", r.impact) for r in shown
         ]
         widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
         numeric = {2, 3, 4}
@@ -227,16 +230,6 @@ class Summary:
         return {
             "events": self.events,
             "dropped_calls": self.dropped_calls,
-            "worst_severity": self.worst_level(),
+            "worst_impact": self.worst_level(),
             "call_sites": [r.to_dict() for r in self.rows()],
         }
-
-
-def _stall_level(event: SlowTaskEvent) -> str:
-    # A stall has no blocking-call weight: rank it by how far past the
-    # threshold it went (the threshold itself is "medium", twice it "high").
-    if event.elapsed_ms >= 2 * event.threshold_ms:
-        return "high"
-    if event.elapsed_ms >= event.threshold_ms:
-        return "medium"
-    return "low"

@@ -65,6 +65,24 @@ def get_severity_level_from_score(score: int) -> IoSeverityLevel:
     return "low"
 
 
+def impact_level(score: int, elapsed_ms: float, threshold_ms: float) -> IoSeverityLevel:
+    """How much a step hurt its loop: the higher of what it called and how long it held the loop.
+
+    What it called: the level of its score (`get_severity_level_from_score`),
+    when it made a call that weighs anything. How long it held the loop: from
+    the slow-task threshold `"medium"`, from twice the threshold `"high"`. A
+    stall, which has no calls to weigh (score 0, level `"low"`, as in 1.x),
+    ranks by its length; a `time.sleep(0.001)` by the call; a step of
+    `os.stat()` calls that held the loop 200 ms by its length.
+    """
+    level: IoSeverityLevel = get_severity_level_from_score(score) if score >= THRESHOLD_LOW else "low"
+    if elapsed_ms >= 2 * threshold_ms:
+        return "high"
+    if elapsed_ms >= threshold_ms and level == "low":
+        return "medium"
+    return level
+
+
 def _check_score(score: object) -> None:
     if isinstance(score, bool) or not isinstance(score, (int, float)):
         raise TypeError(f"score must be a number (a severity score), not {type(score).__name__}: {score!r}")

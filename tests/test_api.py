@@ -421,3 +421,21 @@ def test_events_format_lazily_and_behave_like_dataclasses(detector: Collector, l
 def test_events_built_by_hand_keep_working() -> None:
     event = aiocop.SlowTaskEvent(1.0, 30.0, False, 0, "low", "cpu_blocking", [])
     assert event.blocking_events == [] and event.loop == "" and event.context == {}
+
+
+@pytest.mark.parametrize(
+    ("score", "elapsed_ms", "impact"),
+    [
+        (1, 0.05, "low"),
+        (50, 1.1, "high"),
+        (0, 45.0, "medium"),
+        (0, 246.0, "high"),
+        (10, 80.0, "high"),
+        (10, 5, "medium"),
+    ],
+)
+def test_impact_is_the_higher_of_the_calls_and_the_hold(score: int, elapsed_ms: float, impact: str) -> None:
+    # The table of docs/concepts/severity.md, on events made by hand as 1.x's tests make them.
+    level = aiocop.get_severity_level_from_score(score)
+    event = aiocop.SlowTaskEvent(elapsed_ms, 30.0, elapsed_ms >= 30.0, score, level, "io_blocking", [])
+    assert event.impact == impact

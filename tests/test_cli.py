@@ -52,7 +52,7 @@ def test_runs_a_script_and_prints_call_sites_worst_first(program: Path) -> None:
     assert result.stdout == "program ran with ['a', '--flag'] asyncio\n", "the program's own output is untouched"
     lines = result.stderr.splitlines()
     header = lines.index(next(line for line in lines if line.startswith("call site")))
-    assert lines[header].split() == ["call", "site", "event", "count", "total", "ms", "worst", "ms", "severity"]
+    assert lines[header].split() == ["call", "site", "event", "count", "total", "ms", "worst", "ms", "impact"]
     rows = [line.split() for line in lines[header + 2 :]]
     assert [(r[0], r[1], r[2], r[-1]) for r in rows] == [
         ("prog.py:8:main", "time.sleep", "1", "high"),
@@ -67,10 +67,10 @@ def test_json_report(program: Path, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     data = json.loads(report.read_text())
     assert data["exit_status"] == 0
-    assert data["worst_severity"] == "high"
+    assert data["worst_impact"] == "high"
     assert data["program"] == "prog.py"
     sleep, stat = data["call_sites"]
-    assert (sleep["event"], sleep["count"], sleep["steps"], sleep["severity"]) == ("time.sleep", 1, 1, "high")
+    assert (sleep["event"], sleep["count"], sleep["steps"], sleep["impact"]) == ("time.sleep", 1, 1, "high")
     assert sleep["worst_ms"] >= 40 * 0.9
     assert sleep["total_ms"] == sleep["worst_ms"]
     assert (stat["event"], stat["count"], stat["call_site"]) == ("os.stat", 3, "prog.py:6:main")
@@ -124,7 +124,7 @@ def test_uvloop_without_an_event_loop_policy(tmp_path: Path) -> None:
 def test_fail_on_reached(program: Path, level: str, status: int) -> None:
     result = aiocop_run("run", "--fail-on", level, program)
     assert result.returncode == status
-    assert f"reached severity 'high' (--fail-on {level})" in result.stderr
+    assert f"reached impact 'high' (--fail-on {level})" in result.stderr
 
 
 def test_fail_on_not_reached(tmp_path: Path) -> None:

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 
 import aiocop
+from aiocop._logging import headline
+from aiocop._report import Summary
 from tests import stalls
 from tests.conftest import Collector, loop_factory, quiet_rloop, run_on
 
@@ -218,3 +220,21 @@ def test_a_loop_in_c_that_bound_its_start_signals_before_set_up_is_found(watched
         ("cpu_blocking", True, {"request": "late"})
     ], [(e.reason, e.call_site) for e in events]
     assert events[0].call_site.endswith(tuple(line.replace("stalls.py", "tests/stalls.py") for line in _spin_lines()))
+
+
+def test_a_stall_ranks_by_its_length_everywhere(watched: Collector, loop_name: str) -> None:
+    # A stall has no call to weigh (severity "low", as in 1.x); its impact is
+    # "high" from twice the threshold, in the event, its log line and the CLI's summary.
+    async def main() -> None:
+        await asyncio.sleep(0.02)
+        stalls.spin(STALL_S)
+        await asyncio.sleep(0.05)
+
+    summary = Summary()
+    aiocop.register_slow_task_callback(summary)
+    run_on(loop_name, main())
+    (event,) = watched.settle(1)
+    assert (event.severity_level, event.impact) == ("low", "high")
+    assert "(impact high)" in headline(event)
+    (row,) = summary.rows()
+    assert (row.event, row.impact) == ("stall", "high")

@@ -172,6 +172,7 @@ def test_structlog_one_entry_per_call_site(detector: Collector, loop_name: str) 
     assert entry["call_site"].startswith("tests/test_logging.py:")
     assert entry["call_site"].endswith(":stat_in_a_loop")
     assert entry["severity"] == "low"
+    assert entry["impact"] == "low"  # one quick os.stat per step
     assert entry["task"] is not None
     assert entry["thread"] == "MainThread"
     assert entry["duration_ms"] >= 0

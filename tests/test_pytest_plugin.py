@@ -206,7 +206,8 @@ def test_strict_mode(pytester: pytest.Pytester) -> None:
     )
     body = [_without_loop_frames(line) for line in section(result, "test_body_blocks").splitlines()]
     line = line_of(STRICT, "# BODY")
-    assert re.fullmatch(r"\[1\] 1 blocking call in task 'Task-\d+' \(severity medium, loop held [\d.]+ ms\)", body[2])
+    headline = r"\[1\] 1 blocking call in task 'Task-\d+' \(impact medium, severity medium, loop held [\d.]+ ms\)"
+    assert re.fullmatch(headline, body[2])
     assert body[3].startswith(f"  open({pytester.path / 'test_strict.py'}, r, ")
     assert body[:2] + body[4:] == [
         "aiocop: 1 step blocked the event loop during the test (fail_on=low)",
@@ -220,7 +221,7 @@ def test_strict_mode(pytester: pytest.Pytester) -> None:
     ]
     task = section(result, "test_task_blocks")
     task_line = line_of(STRICT, "# TASK")
-    assert "(severity high" in task
+    assert "(impact high, severity high" in task
     assert f"    at test_strict.py:{task_line}:child\n      time.sleep(0.001)  # TASK" in task
     assert task.splitlines()[3] == "  time.sleep(0.001)"
     callback = section(result, "test_callback_blocks")
@@ -499,7 +500,7 @@ def test_fail_on_level_and_trace_depth(pytester: pytest.Pytester) -> None:
     assert "fail_on=medium" in sleep
     # One frame kept: the call's own, not outer() or the test.
     assert f"    trace: test_fail_on.py:{line_of(FAIL_ON, 'time.sleep(')}:inner" in sleep.splitlines()
-    assert "(severity medium" in section(result, "test_many_stats_in_one_step")
+    assert "(impact medium, severity medium" in section(result, "test_many_stats_in_one_step")
     result.stdout.fnmatch_lines(
         ["aiocop: fail_on=medium, threshold_ms=off, trace_depth=1, check_fixtures=false, check_sync=false, allow=none"]
     )
