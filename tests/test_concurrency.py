@@ -22,7 +22,7 @@ import aiocop
 from aiocop._logging import headline
 from aiocop._report import Summary
 from tests import stalls
-from tests.conftest import Collector, loop_factory, quiet_rloop, run_on
+from tests.conftest import Collector, loop_factory, run_on
 
 try:  # imported now, before any test sets aiocop up: it binds the start signals as they are
     from tests import bound_loop
@@ -72,10 +72,10 @@ KINDS = {"io": blocking, "cpu": stalling, "clean": clean}
 BURST = [f"{kind}-{i}" for i in range(3) for kind in ("io", "cpu", "clean")]
 
 
-async def burst(gap: float) -> None:
+async def burst(gap: float, names: list[str] = BURST) -> None:
     await asyncio.sleep(gap)  # the loop idles this long before the burst
-    tasks = [asyncio.ensure_future(KINDS[name.partition("-")[0]](name)) for name in BURST]
-    for task, name in zip(tasks, BURST, strict=True):
+    tasks = [asyncio.ensure_future(KINDS[name.partition("-")[0]](name)) for name in names]
+    for task, name in zip(tasks, names, strict=True):
         task.set_name(name)
     await asyncio.gather(*tasks)
     await asyncio.sleep(0.05)
@@ -169,34 +169,41 @@ def test_a_stall_in_a_decorated_task_coroutine_is_reported(watched: Collector, l
     assert [e.reason for e in events] == ["cpu_blocking"], [(e.reason, e.call_site) for e in events]
 
 
-def test_stalls_of_several_loops_in_threads_each_on_their_own_loop(watched: Collector) -> None:
-    # Two loops in two threads, each running a burst: no event crosses over.
-    results: dict[str, list[aiocop.SlowTaskEvent]] = {}
+def test_events_of_loops_in_two_threads_stay_on_their_own_loop(watched: Collector) -> None:
+    # Two loops in two threads at once: one runs the burst, the other only
+    # blocking and clean tasks, and no event crosses over. (Stalls on two
+    # loops at once, which compete for the GIL, are issue 15's point 2:
+    # measured in benchmarks/watchdog_accuracy.py, not asserted here.)
+    calm = [name for name in BURST if not name.startswith("cpu")]
     errors: list[BaseException] = []
 
-    def run(tag: str) -> None:
+    def run(names: list[str]) -> None:
         try:
             loop = loop_factory("asyncio")()
             try:
-                loop.run_until_complete(burst(0.05))
+                loop.run_until_complete(burst(0.05, names))
             finally:
                 loop.close()
         except BaseException as error:  # reported below
             errors.append(error)
 
-    with quiet_rloop("asyncio"):
-        threads = [threading.Thread(target=run, args=(tag,), name=f"loop-{tag}") for tag in ("a", "b")]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+    threads = [
+        threading.Thread(target=run, args=(names,), name=f"loop-{tag}")
+        for tag, names in (("burst", BURST), ("calm", calm))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
     assert not errors, errors
-    events = watched.settle(12)
+    events = watched.settle(9)
+    results: dict[str, list[aiocop.SlowTaskEvent]] = {"loop-burst": [], "loop-calm": []}
     for event in events:
-        results.setdefault(event.thread_name, []).append(event)
-    assert set(results) == {"loop-a", "loop-b"}, [(e.thread_name, e.task_name) for e in events]
-    for got in results.values():
-        check_attribution(got)
+        results[event.thread_name].append(event)
+    check_attribution(results["loop-burst"])
+    assert sorted((e.task_name, e.reason, e.context["request"]) for e in results["loop-calm"]) == [
+        (f"io-{i}", "io_blocking", f"io-{i}") for i in range(3)
+    ]
 
 
 @pytest.mark.skipif(bound_loop is None, reason="the stand-in is built on uvloop, not installable here")
