@@ -36,7 +36,7 @@ from _thread import LockType, allocate_lock
 from collections import deque
 from dataclasses import dataclass
 from operator import itemgetter
-from time import perf_counter
+from time import monotonic, perf_counter
 from typing import TYPE_CHECKING, Any
 
 from aiocop import _culprit, _forksafe, _frames, _loops, _state
@@ -106,6 +106,7 @@ class Step:
         "t_prev",
         "task",
         "waiting",
+        "woke",
     )
 
     def __init__(
@@ -129,6 +130,9 @@ class Step:
         self.stalled = False
         self.merged = False  # its io event took it over
         self.task: StalledTask | None = None  # whose step it is, seen when it stalled
+        # t_prev is when the loop woke from waiting for I/O and timers, not a
+        # look: what it ran since then (cpu_first - cpu_prev) came before this step.
+        self.woke = False
 
     def cpu_rate(self) -> float:
         """The share of a CPU the loop thread got while this step ran (0 when waiting).
@@ -152,6 +156,10 @@ class Step:
             # (plus any time the watchdog itself held the GIL meanwhile).
             ran = (self.cpu_first - self.cpu_prev) / rate + _paused(self.t_prev, self.t_first)
             return max(self.t_prev, self.t_first - ran)
+        if self.woke and self.cpu_first is not None and self.cpu_prev is not None:
+            # A wait that began soon after the loop woke (a server's first
+            # request after a quiet spell): the loop ran this much since.
+            return min(self.t_first, self.t_prev + (self.cpu_first - self.cpu_prev))
         return (self.t_prev + self.t_first) / 2.0
 
     def known_since(self) -> float:
@@ -161,7 +169,7 @@ class Step:
         shows it was already working before that poll. Deciding that a step is
         a stall rests on this; the midpoint guess of `start()` only times it.
         """
-        if self.cpu_bound() and self.cpu_first is not None and self.cpu_prev is not None:
+        if (self.cpu_bound() or self.woke) and self.cpu_first is not None and self.cpu_prev is not None:
             return self.start()
         return self.t_first
 
@@ -363,21 +371,29 @@ class Watchdog:
         if now - self._last_scan < _DISCOVERY_S and _all_quiet(watches):
             return False, False
         frames = sys._current_frames()
+        # The time and each loop thread's CPU clock, read with the snapshot:
+        # the walks below can lose the GIL to the loops for milliseconds (two
+        # CPU-bound loops and this thread share it), and what they find is
+        # the stacks as they were at the snapshot (a frame that has returned
+        # since keeps its callers), so that is the moment they describe. Read
+        # after the walks, they timed an old picture as a new one: one step
+        # seen as two, stalls cut short or missed.
+        now = perf_counter()
+        clocks = [watch.cpu_time() for watch in watches.values()]
         # Includes this thread's own frame, this very function's: left in,
         # this frame and the dict would hold each other, and with them every
         # frame of the loops' stacks at this look (and the tasks and locals
         # those hold) until the next garbage collection.
         frames.pop(threading.get_ident(), None)
-        now = perf_counter()
         busy = active = False
-        for thread_id, watch in watches.items():
+        for (thread_id, watch), cpu in zip(watches.items(), clocks, strict=True):
             frame = frames.get(thread_id)
             if frame is None or (watch.discovered and not _still_running(watch)):
                 self._finish(watch, now)
                 _loops.unregister(thread_id)
                 continue
             idle_cpu = watch.idle_cpu
-            busy |= self._poll_one(watch, frame, now)
+            busy |= self._poll_one(watch, frame, now, cpu)
             active |= watch.idle_cpu is None or watch.idle_cpu != idle_cpu
         if now - self._last_scan > _DISCOVERY_S:
             self._last_scan = now
@@ -395,12 +411,11 @@ class Watchdog:
                 return
             self._finish(watch, stopped, cpu)
 
-    def _poll_one(self, watch: LoopWatch, frame: FrameType, now: float) -> bool:
+    def _poll_one(self, watch: LoopWatch, frame: FrameType, now: float, cpu: float | None) -> bool:
+        # `now` and `cpu`: the time and the thread's CPU clock at the snapshot
+        # `frame` comes from, read together (estimates divide one by the
+        # other, so a skew between them would show up as speed).
         found = step_of(frame, watch)
-        # The clock and the thread's CPU clock read together: estimates divide
-        # one by the other, so a skew between them would show up as speed.
-        cpu = watch.cpu_time()
-        now = perf_counter()
         step: Step | None = watch.step
         if found is None:
             if step is not None:
@@ -416,9 +431,11 @@ class Watchdog:
             step.cpu_last = cpu
         else:
             prev, cpu_prev = _last_other(watch, step, came_back, now)
+            woke = _woke_at(ident, prev, now) if step is None else 0.0
             if step is not None:
                 self._finish(watch, now, cpu)
-            step = watch.step = Step(ident, root, now, prev, cpu, cpu_prev)
+            step = watch.step = Step(ident, root, now, woke or prev, cpu, cpu_prev)
+            step.woke = bool(woke)
             watch.beat_posted = 0.0
         age = now - step.known_since()
         proven = True
@@ -430,21 +447,31 @@ class Watchdog:
             if not watch.beat_posted:
                 _send_heartbeat(watch, now)
             proven = bool(watch.beat_posted) or watch.loop is None
-        if age >= sampling.arm_after_s() and now >= step.next_sample:
-            _sample(step, innermost, watch, now)
-        if proven and age >= _state.config.threshold_ms / 1000.0:
-            if not step.stalled:
+        if age >= sampling.arm_after_s():
+            if step.task is None:
                 # Seen now, while the step runs: a stall in a task's last step
                 # is reported after the task finished, by when its scopes
-                # (sampling, request keys) have been left.
+                # (sampling, request keys) have been left. Armed steps only:
+                # one that ends before any look sees it past the threshold
+                # can still be one (see _finish).
                 step.task = StalledTask.of(watch.loop, root)
+            if now >= step.next_sample:
+                _sample(step, innermost, watch, now, cpu)
+        if proven and age >= _state.config.threshold_ms / 1000.0:
             step.stalled = True
         return True
 
     def _finish(self, watch: LoopWatch, now: float, cpu: float | None = None) -> None:
         step: Step | None = watch.step
         watch.step = None
-        if step is None or not step.stalled or step.merged:
+        if step is None or step.merged:
+            return
+        if not step.stalled and (step.task is None or not step.cpu_bound()):
+            # No look saw it past the threshold while it ran. A CPU-bound step
+            # whose clock-timed length reaches the threshold is a stall all
+            # the same (its ends are known to a millisecond: a 36 ms stall
+            # leaves 6 ms to be seen in, less than the GIL can keep this
+            # thread waiting); a wait is not, its ends being guesses.
             return
         end = step.end(now, cpu)
         if watch.beat_done and step.t_last <= watch.beat_done <= now:
@@ -509,6 +536,35 @@ def _last_other(watch: LoopWatch, step: Step | None, came_back: bool, now: float
     if watch.idle_t:
         return watch.idle_t, watch.idle_cpu
     return now - sampling.idle_s(), None
+
+
+def _woke_at(ident: object, idle_since: float, now: float) -> float:
+    """When an asyncio loop, idle at `idle_since`, woke to run the step of dispatch frame `ident` (0: not known).
+
+    The loop's iteration (`BaseEventLoop._run_once`) notes the time right
+    after its select returns, in a local. The watchdog looks at an idle loop
+    only every `idle_interval_ms`, so the first step after a quiet spell is
+    first seen up to that late: this bounds when it began. Loops written in C
+    keep that time out of reach.
+    """
+    run_once = getattr(ident, "f_back", None)
+    if run_once is None or run_once.f_code.co_name != "_run_once":
+        return 0.0
+    if run_once.f_globals.get("__name__") != "asyncio.base_events":
+        return 0.0
+    try:
+        noted = run_once.f_locals.get("end_time")  # loop.time() + clock resolution
+    except Exception:  # a frame's locals, read from another thread: never let it break a look
+        return 0.0
+    if not isinstance(noted, float):
+        return 0.0
+    woke = noted + _MONOTONIC_TO_PERF
+    return woke if idle_since < woke <= now else 0.0
+
+
+# loop.time() is time.monotonic(); the watchdog's clock is perf_counter (the
+# same clock on Linux; measured once for the others).
+_MONOTONIC_TO_PERF = perf_counter() - monotonic()
 
 
 def _loop_came_back(watch: LoopWatch) -> bool:
@@ -585,7 +641,7 @@ def _is_own(root: FrameType) -> bool:
 _OWN_STEP_MODULES = frozenset({"aiocop._delivery", "aiocop._callbacks", "aiocop._watchdog"})
 
 
-def _sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float) -> None:
+def _sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float, cpu: float | None) -> None:
     step.next_sample = now + sampling.interval_ms / 1000.0
     if sum(step.samples.values()) >= sampling.max_samples_per_slice:
         return
@@ -601,7 +657,6 @@ def _sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float) -> N
     step.samples[stack] = step.samples.get(stack, 0) + 1
     # Waiting or working at this sample: did the thread's CPU clock move
     # since the previous one (or since the step was first seen)?
-    cpu = watch.cpu_time()
     if (
         cpu is not None
         and step.sample_cpu is not None
