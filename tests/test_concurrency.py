@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import aiocop
+from aiocop import _loops
 from aiocop._logging import headline
 from aiocop._report import Summary
 from tests import stalls
@@ -214,7 +215,13 @@ def test_a_loop_in_c_that_bound_its_start_signals_before_set_up_is_found(watched
     # aiocop. The watchdog finds the loop on its thread's stack, and its
     # stalls are reported like any other loop's.
     async def main() -> None:
-        await asyncio.sleep(1.5)  # threads running no known loop are looked at once a second
+        # Threads running no known loop are looked at once a second: wait
+        # for the look (however busy the machine), then stall.
+        deadline = time.monotonic() + 10
+        while not any(watch.loop is loop for watch in _loops.watches.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert any(watch.discovered for watch in _loops.watches.values()), "found on the stack, not told"
+        await asyncio.sleep(0.05)  # seen idle
         REQUEST.set("late")
         stalls.spin(STALL_S)
         await asyncio.sleep(0.05)
