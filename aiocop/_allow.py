@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from aiocop._rules import live_weights
 from aiocop._scope import ContextVarScope
-from aiocop._validate import F, check_decorated
+from aiocop._validate import F, check_decorated, did_you_mean
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -101,8 +101,8 @@ def _check_events(events: object) -> frozenset[str]:
             raise TypeError(f"events must be event names (strings), not {type(event).__name__}: {event!r}")
         if event not in known:
             raise ValueError(
-                f"unknown event {event!r} in allow rule; known events are listed by "
-                "aiocop.get_blocking_events_dict(), add your own with aiocop.register_blocking_event()"
+                f"unknown event {event!r} in allow rule{did_you_mean(event, known)}; known events are listed "
+                "by aiocop.get_blocking_events_dict(), add your own with aiocop.register_blocking_event()"
             )
     return frozenset(names)
 

@@ -11,7 +11,16 @@ from aiocop import _callbacks, _delivery, _hook, _loops, _rules, _state, _watchd
 from aiocop._scope import ContextVarScope
 from aiocop._severity import level_threshold
 from aiocop._state import Delivery
-from aiocop._validate import F, check_bool, check_callable, check_decorated, check_int, check_ms, check_name
+from aiocop._validate import (
+    F,
+    check_bool,
+    check_callable,
+    check_decorated,
+    check_int,
+    check_ms,
+    check_name,
+    did_you_mean,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -357,7 +366,9 @@ def unregister_blocking_event(event: str) -> None:
     check_name("event", event)
     weights = _rules.live_weights()
     if event not in weights:
-        raise KeyError(f"{event!r} is not a detected event; see aiocop.get_blocking_events_dict()")
+        raise KeyError(
+            f"{event!r} is not a detected event{did_you_mean(event, weights)}; see aiocop.get_blocking_events_dict()"
+        )
     del weights[event]
     _hook.rebuild()
 

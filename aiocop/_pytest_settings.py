@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
+from aiocop._validate import did_you_mean
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -226,7 +228,10 @@ def parse_allow_line(line: str, rootpath: Path) -> AllowRule:
         if not sep:
             events.append(token)
         elif key not in ALLOW_KEYS:
-            raise ValueError(f"unknown field {key!r}: expected event names and module=, path= or call_site=")
+            raise ValueError(
+                f"unknown field {key!r}{did_you_mean(key, ALLOW_KEYS)}: expected event names and module=, path= "
+                "or call_site="
+            )
         elif key in fields:
             raise ValueError(f"{key}= given twice")
         else:
@@ -238,7 +243,10 @@ def make_rule(events: list[Any] | tuple[Any, ...], fields: dict[str, Any], rootp
     """An `AllowRule`, with a relative `path` taken from the rootdir (raises ValueError)."""
     unknown = sorted(set(fields) - set(ALLOW_KEYS))
     if unknown:
-        raise ValueError(f"unknown keyword {unknown[0]!r}: expected module=, path= or call_site=")
+        raise ValueError(
+            f"unknown keyword {unknown[0]!r}{did_you_mean(unknown[0], ALLOW_KEYS)}: expected module=, path= "
+            "or call_site="
+        )
     path = fields.get("path")
     if isinstance(path, os.PathLike):
         path = os.fspath(path)

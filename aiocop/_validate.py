@@ -8,12 +8,19 @@ accepted as a number here (`True` is an `int` to Python, not to a user).
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """`" (did you mean 'os.stat'?)"` for the closest of `candidates` to a mistyped `name`, or `""`."""
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _type_name(value: object) -> str:

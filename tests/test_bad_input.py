@@ -378,3 +378,23 @@ def test_leaving_a_scope_it_never_entered_is_a_clear_error(make: Callable[[], An
 
     with pytest.raises(RuntimeError, match=type(scope).__name__):
         asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("call", "suggestion"),
+    [
+        (lambda: aiocop.AllowRule(events={"os.stats"}), "(did you mean 'os.stat'?)"),
+        (lambda: aiocop.allow_blocking("time.slep"), "(did you mean 'time.sleep'?)"),
+        (lambda: aiocop.unregister_blocking_event("subprocess.popen"), "(did you mean 'subprocess.Popen'?)"),
+    ],
+)
+def test_a_mistyped_event_name_gets_a_suggestion(call: Callable[[], object], suggestion: str) -> None:
+    with pytest.raises((ValueError, KeyError)) as raised:
+        call()
+    assert suggestion in str(raised.value)
+
+
+def test_a_name_like_no_event_gets_no_suggestion() -> None:
+    with pytest.raises(ValueError, match="unknown event 'zzz'") as raised:
+        aiocop.AllowRule(events={"zzz"})
+    assert "did you mean" not in str(raised.value)

@@ -849,31 +849,32 @@ def test_plugin_off_changes_nothing(pytester: pytest.Pytester, args: tuple[str, 
             ("--aiocop",),
             "aiocop_allow = opn\n",
             "",
-            "aiocop_allow (ini): in rule 'opn': unknown event 'opn' in allow rule; known events are listed by "
-            "aiocop.get_blocking_events_dict()*",
+            "aiocop_allow (ini): in rule 'opn': unknown event 'opn' in allow rule (did you mean 'open'?); known "
+            "events are listed by aiocop.get_blocking_events_dict()*",
             id="ini-unknown-event",
         ),
         pytest.param(
             ("--aiocop",),
             "aiocop_allow = open modul=x\n",
             "",
-            "aiocop_allow (ini): in rule 'open modul=x': unknown field 'modul': expected event names and module=, "
-            "path= or call_site=",
+            "aiocop_allow (ini): in rule 'open modul=x': unknown field 'modul' (did you mean 'module'?): expected "
+            "event names and module=, path= or call_site=",
             id="ini-unknown-field",
         ),
         pytest.param(
             ("--aiocop",),
             "",
             "@pytest.mark.aiocop_allow('open', 'os.stats')\ndef test_x():\n    pass\n",
-            "test_bad.py::test_x: @pytest.mark.aiocop_allow: unknown event 'os.stats' in allow rule*",
+            "test_bad.py::test_x: @pytest.mark.aiocop_allow: unknown event 'os.stats' in allow rule (did you mean "
+            "'os.stat'?)*",
             id="marker-unknown-event",
         ),
         pytest.param(
             ("--aiocop",),
             "",
             "@pytest.mark.aiocop_allow(modul='x')\ndef test_x():\n    pass\n",
-            "test_bad.py::test_x: @pytest.mark.aiocop_allow: unknown keyword 'modul': expected module=, path= or "
-            "call_site=",
+            "test_bad.py::test_x: @pytest.mark.aiocop_allow: unknown keyword 'modul' (did you mean 'module'?): "
+            "expected module=, path= or call_site=",
             id="marker-unknown-keyword",
         ),
         pytest.param(
