@@ -40,7 +40,16 @@ logger = logging.getLogger("aiocop")
 _MAX_ARG_CHARS = 100
 
 
-def _format_args(args: tuple[Any, ...]) -> str:
+# Events whose arguments are shown in part: an import's are the module's name,
+# its file, and the live sys.path, sys.meta_path and sys.path_hooks (hundreds
+# of characters that say nothing of the call).
+_SHOWN_ARGS: dict[str, int] = {"import": 1}
+
+
+def _format_args(args: tuple[Any, ...], event: str = "") -> str:
+    shown = _SHOWN_ARGS.get(event)
+    if shown is not None:
+        args = args[:shown]
     parts = []
     for arg in args:
         try:
@@ -100,7 +109,7 @@ def format_record(record: Record, wall_offset: float | None = None, raised: bool
     event, args, trace, site, timestamp, weight = record
     pairs = [_frame(code, lasti) for code, lasti in trace]
     site_text = _frame(*site)[1] if site is not None else None
-    info = _info(event, _format_args(args), [p[0] for p in pairs], [p[1] for p in pairs], site_text, weight)
+    info = _info(event, _format_args(args, event), [p[0] for p in pairs], [p[1] for p in pairs], site_text, weight)
     if wall_offset is None:
         wall_offset = time.time() - perf_counter()
     info["timestamp"] = timestamp + wall_offset
@@ -134,7 +143,8 @@ def format_blocking_event(raw_event: RawBlockingEvent) -> BlockingEventInfo:
         raise TypeError(f"raw_event['event_name'] must be a string, not {raw_event['event_name']!r}")
     frames = list(stack)
     texts = [format_frame(f) for f in frames]
-    info = _info(raw_event["event_name"], _format_args(tuple(args)), frames, texts, None, raw_event["severity"])
+    name = raw_event["event_name"]
+    info = _info(name, _format_args(tuple(args), name), frames, texts, None, raw_event["severity"])
     info["timestamp"] = raw_event["timestamp"]
     return info
 

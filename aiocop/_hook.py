@@ -19,6 +19,7 @@ never run inside the hook.
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import threading
 from asyncio import AbstractEventLoop, Task, current_task
@@ -43,6 +44,10 @@ _WRAPPERS_MODULE = "aiocop._wrappers"
 _ASYNCIO_DISPATCH = "asyncio.events"
 _WRAPPERS_GLOBALS = vars(_wrappers)  # the f_globals of every wrapper's frame
 _BUFFER_TYPES = (bytes, bytearray, memoryview)
+# Arguments summarised at the call (see _summarize): buffers, which must not
+# be kept alive until delivery, and sockets, whose state by then (closed,
+# fd=-1) says nothing of the call.
+_SUMMARIZED_TYPES = (*_BUFFER_TYPES, socket.socket)
 _LOOP_BOUNDARY_EVENTS = ("sys.set_asyncgen_hook_firstiter",)
 
 
@@ -369,7 +374,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     record: Record | None = None
     if len(group.records) < _state.config.max_events_per_step:
         for arg in args:
-            if isinstance(arg, _BUFFER_TYPES):
+            if isinstance(arg, _SUMMARIZED_TYPES):
                 args = _summarize(args)
                 break
         record = (event, args, trace, site, now, weight)
@@ -395,7 +400,32 @@ _USER, _LOOP, _AIOCOP, _IMPORTLIB = int(Kind.USER), int(Kind.LOOP), int(Kind.AIO
 
 def _summarize(args: tuple[Any, ...]) -> tuple[Any, ...]:
     # Never keep a large buffer alive until delivery: keep its size instead.
-    return tuple(BufferSummary(len(a)) if isinstance(a, _BUFFER_TYPES) else a for a in args)
+    # A socket: what identifies it now, read without a system call.
+    return tuple(
+        BufferSummary(len(a))
+        if isinstance(a, _BUFFER_TYPES)
+        else SocketSummary(a)
+        if isinstance(a, socket.socket)
+        else a
+        for a in args
+    )
+
+
+class SocketSummary:
+    """A socket as it was at the call: its descriptor, family and type (its repr, read later, says "closed")."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, sock: socket.socket) -> None:
+        try:
+            family = getattr(sock.family, "name", sock.family)
+            kind = getattr(sock.type, "name", sock.type)
+            self.text = f"<socket fd={sock.fileno()} {family} {kind}>"
+        except Exception:  # an odd subclass: its type name is enough
+            self.text = f"<{type(sock).__name__}>"
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 class BufferSummary:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 import threading
+from typing import Any
 
 import pytest
 
@@ -196,3 +198,29 @@ def test_eager_tasks_and_create_task_keywords(detector: Collector, how: str) -> 
     assert detector.names() == ["os.stat"]
     assert detector.calls[0]["entry_point"].endswith(CASES[2].site)
     assert detector.events[0].task_name == "eager-child"
+
+
+def test_arguments_say_what_they_were_at_the_call(detector: Collector, tmp_path: Any) -> None:
+    # A socket closed before delivery is still shown as it was (its repr,
+    # read later, says "closed, fd=-1"); an import shows its module, not the
+    # live sys.path and sys.meta_path the audit event also carries.
+    (tmp_path / "lazily_imported_here.py").write_text("X = 1\n", encoding="utf-8")
+    sys.path.insert(0, str(tmp_path))
+
+    async def main() -> int:
+        left, right = socket.socketpair()
+        with left, right:
+            fd = left.fileno()
+            left.send(b"x")  # a blocking socket
+        import lazily_imported_here  # noqa: F401 - the import is the call under test
+
+        return fd
+
+    try:
+        fd = run_on("asyncio", main())
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("lazily_imported_here", None)
+    args = {call["name"]: call["args"] for call in detector.calls}
+    assert args["socket.socket.send"] == f"<socket fd={fd} AF_UNIX SOCK_STREAM>", args
+    assert args["import"] == "lazily_imported_here", args
