@@ -31,6 +31,10 @@ def _conditions(rule: HarmlessRule) -> list[str]:
         conditions.append("argument starts with " + ", ".join(f"`{p}`" for p in rule.arg0_prefixes))
     if rule.arg0_stdlib:
         conditions.append("a stdlib module")
+    if rule.arg0_socket_file:
+        conditions.append("the path of a Unix socket file")
+    if rule.imported_by_c:
+        conditions.append("at a line that makes no import statement")
     if rule.debug_loop_only:
         conditions.append("the loop is in debug mode")
     return conditions

@@ -10,6 +10,9 @@ loop's debug mode) is checked per call, for the few rules left.
 
 from __future__ import annotations
 
+import dis
+import os
+import stat
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +75,10 @@ def any_matches(
             continue
         if (rule.arg0_prefixes or rule.arg0_stdlib) and not _arg0_matches(rule, args):
             continue
+        if rule.imported_by_c and _at_import_statement(frames[0]):
+            continue
+        if rule.arg0_socket_file and not _socket_file(args):
+            continue
         if rule.inside_modules and not _inside(rule, frames):
             continue
         if rule.debug_loop_only and not loop.get_debug():
@@ -87,6 +94,30 @@ def _arg0_matches(rule: HarmlessRule, args: tuple[Any, ...]) -> bool:
     if rule.arg0_prefixes and not arg0.startswith(rule.arg0_prefixes):
         return False
     return not rule.arg0_stdlib or arg0.partition(".")[0] in _STDLIB_MODULES
+
+
+# The instructions of an import statement (`import x`, `from x import y`).
+_IMPORT_OPCODES = frozenset(dis.opmap[name] for name in ("IMPORT_NAME", "IMPORT_FROM") if name in dis.opmap)
+
+
+def _at_import_statement(frame: FrameType) -> bool:
+    """Whether `frame` is executing an import statement (else the import is made for it, from C)."""
+    code = frame.f_code.co_code
+    lasti = frame.f_lasti
+    return 0 <= lasti < len(code) and code[lasti] in _IMPORT_OPCODES
+
+
+def _socket_file(args: tuple[Any, ...]) -> bool:
+    path = args[0] if args else None
+    if not isinstance(path, (str, bytes)):
+        return False
+    try:
+        return stat.S_ISSOCK(_lstat(path).st_mode)  # the C function: no audit event, no wrapper
+    except (OSError, ValueError):
+        return False
+
+
+_lstat = os.lstat
 
 
 def _inside(rule: HarmlessRule, frames: list[FrameType]) -> bool:

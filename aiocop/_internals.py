@@ -61,6 +61,9 @@ class HarmlessRule:
     * `arg0_prefixes`: the event's first argument is a string with one of
       these prefixes;
     * `arg0_stdlib`: the first argument names a stdlib module;
+    * `arg0_socket_file`: the first argument is the path of a Unix socket file;
+    * `imported_by_c`: the caller's current instruction is not an import
+      statement (the import was made for it, by a function written in C);
     * `debug_loop_only`: the running loop is in debug mode.
     """
 
@@ -72,6 +75,8 @@ class HarmlessRule:
     inside_modules: tuple[str, ...] = ()
     arg0_prefixes: tuple[str, ...] = ()
     arg0_stdlib: bool = False
+    arg0_socket_file: bool = False
+    imported_by_c: bool = False
     debug_loop_only: bool = False
     caller_prefixes: tuple[str, ...] = field(init=False, repr=False, compare=False)
     inside_prefixes: tuple[str, ...] = field(init=False, repr=False, compare=False)
@@ -98,8 +103,34 @@ HARMLESS: tuple[HarmlessRule, ...] = (
     HarmlessRule(
         event=("socket.bind",),
         caller_modules=("asyncio", "uvloop", "winloop", "rloop", "veloxloop"),
-        caller_functions=("create_server", "start_server", "_start_serving", "create_datagram_endpoint"),
-        reason="an event loop binding its listening socket inside `create_server`/`start_server`",
+        caller_functions=(
+            "create_server",
+            "start_server",
+            "_start_serving",
+            "create_datagram_endpoint",
+            "create_unix_server",
+            "start_unix_server",
+        ),
+        reason="an event loop binding its listening socket inside `create_server`/`start_server` (Unix sockets too)",
+    ),
+    HarmlessRule(
+        event=("os.stat", "os.remove", "os.unlink"),
+        caller_modules=("asyncio",),
+        caller_functions=("create_unix_server",),
+        reason="asyncio checking for, and removing, a stale socket file before binding in `create_unix_server`",
+    ),
+    HarmlessRule(
+        event=("os.remove", "os.unlink"),
+        arg0_socket_file=True,
+        reason="removing a stale Unix socket file (a loop written in C does it in `create_unix_server`, "
+        "from C: the event shows the application's line)",
+    ),
+    HarmlessRule(
+        event=("import",),
+        arg0_stdlib=True,
+        imported_by_c=True,
+        reason="a stdlib module imported on first use by a function written in C, at a line that makes no "
+        "import (`datetime.strptime()` importing `_strptime`)",
     ),
     HarmlessRule(
         event=(
@@ -146,8 +177,8 @@ HARMLESS: tuple[HarmlessRule, ...] = (
         event=("os.stat", "open"),
         caller_modules=("linecache", "tokenize"),
         inside_modules=("traceback",),
-        debug_loop_only=True,
-        reason="an event loop in debug mode reading source lines for the traceback it records with every "
+        reason="source lines read to format or record a traceback: `traceback.format_exc()` in an error "
+        "handler (Starlette's error middleware), an event loop in debug mode recording one with every "
         "callback and future (uvloop calls `traceback` from C, so no loop frame shows)",
     ),
     HarmlessRule(

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import linecache
 import os
 import socket
 import time
+import traceback
+from typing import Any
 
 import pytest
 
 from tests.blocking_calls import CASES, Case
-from tests.conftest import Collector, run_on
+from tests.conftest import Collector, run_on, run_python
 
 CASE_PARAMS = [pytest.param(case, id=case.name) for case in CASES]
 
@@ -140,3 +143,67 @@ def test_asyncio_joining_its_default_executor_at_shutdown(detector: Collector) -
 
     run_on("asyncio", main())
     assert detector.names() == ["os.stat"]
+
+
+# --- classes of internals (docs: detected calls, "known-harmless internals") ------------------
+
+
+def test_a_unix_server_replacing_a_stale_socket_file(detector: Collector, loop_name: str, tmp_path: Any) -> None:
+    # asyncio's create_unix_server stats (and removes) a stale socket file
+    # before binding: the loop's own work, as the bind of create_server.
+    path = str(tmp_path / "s.sock")
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(path)
+    stale.close()  # the file stays behind, as after a crashed server
+
+    async def main() -> None:
+        try:
+            server = await asyncio.get_running_loop().create_unix_server(asyncio.Protocol, path)
+        except NotImplementedError:
+            pytest.skip(f"{loop_name} has no create_unix_server")
+        server.close()
+        await server.wait_closed()
+        os.stat(path)  # and a real blocking call, still reported
+
+    run_on(loop_name, main())
+    assert detector.names() == ["os.stat"], detector.calls
+
+
+def test_a_stdlib_module_imported_on_first_use_by_c_code() -> None:
+    # datetime.strptime() imports _strptime the first time it is called: an
+    # import the application's line does not make. An import statement of a
+    # stdlib module at that line is still reported.
+    result = run_python(
+        """
+        import asyncio, datetime
+        import aiocop
+        aiocop.start_blocking_io_detection()
+        aiocop.register_slow_task_callback(
+            lambda e: print(*(call["name"] + " " + call["args"] for call in e.blocking_events), sep="\\n")
+        )
+
+        async def main():
+            datetime.datetime.strptime("2026-11-25", "%Y-%m-%d")
+            import _pydecimal
+
+        asyncio.run(main())
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["import _pydecimal"], result.stdout
+
+
+def test_source_lines_read_to_format_a_traceback(detector: Collector, loop_name: str) -> None:
+    # traceback.format_exc() in an error handler (Starlette's error
+    # middleware) reads the source of every frame through linecache.
+    async def main() -> str:
+        linecache.clearcache()
+        try:
+            raise ValueError("handled")
+        except ValueError:
+            text = traceback.format_exc()
+        os.stat(".")  # and a real blocking call, still reported
+        return text
+
+    assert "handled" in run_on(loop_name, main())
+    assert detector.names() == ["os.stat"], detector.calls
