@@ -110,7 +110,14 @@ def add_options(parser: pytest.Parser) -> None:
         action="store_true",
         dest="aiocop_check_sync",
         default=None,
-        help="also check synchronous tests (e.g. one that calls asyncio.run()) (ini: aiocop_check_sync)",
+        help="check synchronous tests too: the loops they run, in any thread (asyncio.run(), a TestClient's "
+        "portal), as an async test's (the default; ini: aiocop_check_sync)",
+    )
+    group.addoption(
+        "--no-aiocop-check-sync",
+        action="store_false",
+        dest="aiocop_check_sync",
+        help="check async tests only: synchronous tests are checked only with @pytest.mark.aiocop_check",
     )
     group.addoption(
         "--aiocop-allow",
@@ -131,7 +138,7 @@ def add_options(parser: pytest.Parser) -> None:
         help="see --aiocop-trace-depth",
     )
     parser.addini("aiocop_check_fixtures", type="bool", default=False, help="see --aiocop-check-fixtures")
-    parser.addini("aiocop_check_sync", type="bool", default=False, help="see --aiocop-check-sync")
+    parser.addini("aiocop_check_sync", type="bool", default=True, help="see --aiocop-check-sync")
     parser.addini(
         "aiocop_allow",
         type="linelist",

@@ -10,9 +10,10 @@ call (or, with `--aiocop-threshold-ms`, held its loop that long). See the
 Events are attributed to a test by *phase*: each one is filed under the
 phase (set-up, call, teardown) running when it is delivered, and a phase is
 closed only once what it left pending has been delivered (`_pytest_events`).
-Async test bodies are checked; fixtures and synchronous tests only when
-asked (`--aiocop-check-fixtures`, `--aiocop-check-sync`, or the
-`aiocop_check` marker).
+Test bodies are checked, async and synchronous (a synchronous test that
+runs a loop, in any thread: `asyncio.run()`, a `TestClient`'s portal;
+`--no-aiocop-check-sync` checks async tests only); fixtures only when asked
+(`--aiocop-check-fixtures`, or the `aiocop_check` marker).
 """
 
 from __future__ import annotations

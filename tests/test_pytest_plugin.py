@@ -119,7 +119,7 @@ async def test_stall_without_threshold():
     spin(0.06)
 
 
-def test_sync_not_checked():
+def test_sync_running_a_loop():
     async def main():
         os.stat(".")
 
@@ -183,6 +183,21 @@ async def test_fails_for_its_own_reason():
 """
 
 
+def test_synchronous_tests_can_be_left_unchecked(pytester: pytest.Pytester) -> None:
+    # The explicit opt-out: only async tests, and synchronous ones marked.
+    pytester.makepyfile(test_strict=STRICT)
+    synchronous = "test_sync_running_a_loop or test_sync_checked_by_marker or test_events_fixture_in_sync_test"
+    result = run(pytester, "--aiocop", "--no-aiocop-check-sync", "-k", synchronous)
+    expect(
+        result,
+        {
+            "test_sync_running_a_loop": ["PASSED"],
+            "test_sync_checked_by_marker": ["FAILED"],
+            "test_events_fixture_in_sync_test": ["PASSED"],
+        },
+    )
+
+
 def test_strict_mode(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_strict=STRICT)
     result = run(pytester, "--aiocop")
@@ -195,7 +210,7 @@ def test_strict_mode(pytester: pytest.Pytester) -> None:
             "test_clean": ["PASSED"],
             "test_weightless_call": ["PASSED"],
             "test_stall_without_threshold": ["PASSED"],
-            "test_sync_not_checked": ["PASSED"],
+            "test_sync_running_a_loop": ["FAILED"],  # checked by default: the loop it runs blocked
             "test_sync_checked_by_marker": ["FAILED"],
             "test_fixture_not_checked": ["PASSED"],
             "test_fixture_checked_by_marker": ["ERROR"],
@@ -230,6 +245,7 @@ def test_strict_mode(pytester: pytest.Pytester) -> None:
     assert '@pytest.mark.aiocop_allow("os.stat")' in callback
     marked_sync = section(result, "test_sync_checked_by_marker")
     assert "os.stat(.)" in marked_sync
+    assert "os.stat(.)" in section(result, "test_sync_running_a_loop")
     setup = section(result, "ERROR at setup of test_fixture_checked_by_marker")
     assert "blocked the event loop while setting up the test's fixtures" in setup
     assert "os.stat(.)" in setup
@@ -502,7 +518,7 @@ def test_fail_on_level_and_trace_depth(pytester: pytest.Pytester) -> None:
     assert f"    trace: test_fail_on.py:{line_of(FAIL_ON, 'time.sleep(')}:inner" in sleep.splitlines()
     assert "(impact medium, severity medium" in section(result, "test_many_stats_in_one_step")
     result.stdout.fnmatch_lines(
-        ["aiocop: fail_on=medium, threshold_ms=off, trace_depth=1, check_fixtures=false, check_sync=false, allow=none"]
+        ["aiocop: fail_on=medium, threshold_ms=off, trace_depth=1, check_fixtures=false, check_sync=true, allow=none"]
     )
 
 
