@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from aiocop import _callbacks, _forksafe, _hook, _loops, _state, _watchdog
 from aiocop._events import BlockingEventInfo, CpuStackSample, RawBlockingEvent, SlowTaskEvent
 from aiocop._exceptions import HighSeverityBlockingIoException
-from aiocop._frames import format_frame, is_internal_file
+from aiocop._frames import format_frame, is_internal_file, is_library_file
 from aiocop._severity import get_severity_level_from_score, impact_level
 
 if TYPE_CHECKING:
@@ -106,10 +106,11 @@ def _frame(code: CodeType, lasti: int) -> tuple[tuple[str, int, str], str]:
 
 
 def format_record(record: Record, wall_offset: float | None = None, raised: bool = False) -> BlockingEventInfo:
-    event, args, trace, site, timestamp, weight = record
+    event, args, trace, site, timestamp, weight, app = record
     pairs = [_frame(code, lasti) for code, lasti in trace]
     site_text = _frame(*site)[1] if site is not None else None
     info = _info(event, _format_args(args, event), [p[0] for p in pairs], [p[1] for p in pairs], site_text, weight)
+    info["app_site"] = _frame(*app)[1] if app is not None else info["entry_point"]
     if wall_offset is None:
         wall_offset = time.time() - perf_counter()
     info["timestamp"] = timestamp + wall_offset
@@ -162,8 +163,11 @@ def format_samples(samples: list[tuple[tuple[tuple[CodeType, int], ...], int]]) 
         pairs = [_frame(code, lasti) for code, lasti in stack]
         texts = [p[1] for p in pairs]
         user = next((p[1] for p in pairs if not is_internal_file(p[0][0])), texts[0] if texts else "unknown")
+        app = next((p[1] for p in pairs if not is_internal_file(p[0][0]) and not is_library_file(p[0][0])), user)
         frames = [p[0] for p in pairs]
-        formatted.append({"trace": " <- ".join(texts), "entry_point": user, "count": count, "frames": frames})
+        formatted.append(
+            {"trace": " <- ".join(texts), "entry_point": user, "count": count, "frames": frames, "app_site": app}
+        )
     return formatted
 
 
@@ -219,7 +223,7 @@ def _step_fields(
         "thread_id": group.thread_id,
         "loop": origin.loop_name(),
         "dropped_events": group.dropped,
-        "call_site": events[0]["entry_point"] if events else samples[0]["entry_point"] if samples else "",
+        "call_site": events[0]["app_site"] if events else samples[0]["app_site"] if samples else "",
         "culprit": stall.culprit() if stall is not None else "",
         "impact": impact_level(group.score, elapsed_ms, threshold_ms),
     }

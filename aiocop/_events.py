@@ -46,7 +46,12 @@ class BlockingEventInfo(_BlockingEventInfoBase, total=False):
     Added in 2.0, present on events aiocop 2 produces: `name` (the event name
     alone), `args` (the summarised arguments), `frames` (the trace as
     `(filename, lineno, function)` tuples), `timestamp` (wall-clock time of the
-    call) and `raised` (whether `raise_on_violations` failed the call).
+    call), `raised` (whether `raise_on_violations` failed the call) and
+    `app_site` (the line of the application's own code that led to the call,
+    `path:line:function`: the innermost frame not in the stdlib, an event loop
+    or an installed package; `entry_point` when the application made the call
+    itself or no frame of it was found). `entry_point` stays where it blocked:
+    a library's line when a library made the call.
     """
 
     name: str
@@ -54,6 +59,7 @@ class BlockingEventInfo(_BlockingEventInfoBase, total=False):
     frames: list[tuple[str, int, str]]
     timestamp: float
     raised: bool
+    app_site: str
 
 
 class _CpuStackSampleBase(TypedDict):
@@ -66,10 +72,12 @@ class CpuStackSample(_CpuStackSampleBase, total=False):
     """Identical stack samples taken while a step held the loop, with their count.
 
     The 1.x keys `trace`, `entry_point` and `count` are always present; `frames`
-    (the trace as `(filename, lineno, function)` tuples) is added in 2.0.
+    (the trace as `(filename, lineno, function)` tuples) and `app_site` (the
+    innermost line of the application's own code in the stack) are added in 2.0.
     """
 
     frames: list[tuple[str, int, str]]
+    app_site: str
 
 
 @dataclass(frozen=True)
@@ -102,8 +110,10 @@ class SlowTaskEvent:
         loop: The loop's class and id, e.g. `"uvloop.Loop@0x7f.."`. Added in 2.0.
         dropped_events: Blocking calls not kept because the step exceeded the
             per-step buffer. Added in 2.0.
-        call_site: The user's line most to blame: the first blocking call's
-            `entry_point`, or for a stall the line the samples found most often.
+        call_site: The application's line most to blame: the first blocking
+            call's `app_site` (the line of the application's own code that led
+            to it, where a library made the call), or for a stall the
+            application's line in the stack the samples found most often.
             Added in 2.0.
         culprit: For a stall seen by the watchdog, what the loop was doing,
             e.g. `"waiting in sleep(0.05) (sleep)"` or `"running

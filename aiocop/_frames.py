@@ -52,6 +52,26 @@ for _frame in LOOP_FRAMES:
     LOOP_ROLES.setdefault(_frame.module, {})[_frame.function] = _frame.role
 
 
+# module name -> whether a module of the user's kind is the application's own
+# (not a third-party package's, installed under site-packages): where a
+# report says which line of the application led to a call a library made.
+_app_modules: dict[object, bool] = {}
+
+
+def is_app(frame: FrameType) -> bool:
+    """Whether a frame of the user's kind is the application's own code, not an installed library's (cached)."""
+    module_globals = frame.f_globals
+    name = module_globals.get("__name__")
+    app = _app_modules.get(name)
+    if app is None:
+        file = module_globals.get("__file__")
+        app = not (isinstance(file, str) and is_library_file(file))
+        if len(_app_modules) >= MAX_CACHED_MODULES:
+            _app_modules.clear()
+        _app_modules[name] = app
+    return app
+
+
 def frame_kind(frame: FrameType) -> Kind:
     """Classify a frame by its module (cached per module name)."""
     module_globals = frame.f_globals
@@ -84,6 +104,11 @@ def _classify(name: object, module_globals: dict[str, Any]) -> Kind:
 
 
 _file_internal: dict[str, bool] = {}
+
+
+def is_library_file(filename: str) -> bool:
+    """Whether a file belongs to an installed third-party package (under site-packages)."""
+    return any(marker in filename for marker in _THIRD_PARTY_MARKERS)
 
 
 def is_internal_file(filename: str) -> bool:

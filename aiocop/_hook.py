@@ -189,7 +189,17 @@ def current_state() -> _ThreadState:
 # (event, args, trace, site, time, weight). `trace` is the first frames as
 # (code, f_lasti), innermost first; `site` the user's frame; `time` the
 # perf_counter() of the call. A plain tuple: the hot path builds one per call.
-Record = tuple[str, tuple[Any, ...], list[tuple["CodeType", int]], "tuple[CodeType, int] | None", float, int]
+# `app`: the innermost frame of the application's own code (not an installed
+# library's), when there is one.
+Record = tuple[
+    str,
+    tuple[Any, ...],
+    list[tuple["CodeType", int]],
+    "tuple[CodeType, int] | None",
+    float,
+    int,
+    "tuple[CodeType, int] | None",
+]
 
 
 class StepGroup:
@@ -278,6 +288,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     ident: FrameType | None = None  # asyncio's dispatch frame, where there is one
     trace: list[tuple[CodeType, int]] = []
     site: tuple[CodeType, int] | None = None
+    app: tuple[CodeType, int] | None = None
     depth = _state.config.trace_depth
     module_kinds = _frames._module_kinds
     caller_module: object = None  # the module of frames[0]
@@ -324,6 +335,8 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
                 site = pair
         elif site is None and not kind:
             site = (frame.f_code, frame.f_lasti)
+        if app is None and not kind and _frames.is_app(frame):
+            app = (frame.f_code, frame.f_lasti)
         if frame is root or len(frames) >= _MAX_WALK:
             break
         frame = frame.f_back
@@ -377,7 +390,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
             if isinstance(arg, _SUMMARIZED_TYPES):
                 args = _summarize(args)
                 break
-        record = (event, args, trace, site, now, weight)
+        record = (event, args, trace, site, now, weight, app)
         group.records.append(record)
     else:
         group.dropped += 1

@@ -25,9 +25,14 @@ def call_site(event: SlowTaskEvent) -> str:
     return "unknown"
 
 
-def _full_path(info: BlockingEventInfo) -> tuple[str, int] | None:
-    """The file and line of a call's entry point, for reading its source."""
-    path = info["entry_point"].rpartition(":")[0]
+def app_site(info: BlockingEventInfo) -> str:
+    """The application's line that led to a call (its `entry_point` on events made by hand)."""
+    return info.get("app_site") or info["entry_point"]
+
+
+def _full_path(info: BlockingEventInfo, site: str | None = None) -> tuple[str, int] | None:
+    """The file and line of a call's entry point (or of `site`), for reading its source."""
+    path = (site or info["entry_point"]).rpartition(":")[0]
     path, _, line = path.rpartition(":")
     if not line.isdigit():
         return None
@@ -37,9 +42,9 @@ def _full_path(info: BlockingEventInfo) -> tuple[str, int] | None:
     return (path, int(line)) if os.path.exists(path) else None
 
 
-def source_line(info: BlockingEventInfo) -> str:
-    """The source text of a call's entry point, or `""` when unavailable."""
-    where = _full_path(info)
+def source_line(info: BlockingEventInfo, site: str | None = None) -> str:
+    """The source text of a call's entry point (or of `site`), or `""` when unavailable."""
+    where = _full_path(info, site)
     return linecache.getline(*where).strip() if where is not None else ""
 
 
@@ -59,6 +64,7 @@ def to_record(event: SlowTaskEvent) -> dict[str, Any]:
                 "event": info.get("name", info["event"]),
                 "args": info.get("args", ""),
                 "entry_point": info["entry_point"],
+                "app_site": app_site(info),
                 "severity": info["severity"],
                 "trace": info["trace"],
             }
@@ -102,10 +108,15 @@ def describe(event: SlowTaskEvent, *, max_calls: int = 10) -> str:
         ]
         for info in event.blocking_events[:max_calls]:
             lines.append(f"  {info['event']}")
-            lines.append(f"    at {info['entry_point']}")
-            text = source_line(info)
+            # The application's line first: the one to change. Where a library
+            # made the call, where it blocked follows.
+            app = app_site(info)
+            lines.append(f"    at {app}")
+            text = source_line(info, app)
             if text:
                 lines.append(f"      {text}")
+            if app != info["entry_point"]:
+                lines.append(f"    blocked in {info['entry_point']}")
             lines.append(f"    trace: {info['trace']}")
         hidden = count - min(len(event.blocking_events), max_calls)
         if hidden:
@@ -166,7 +177,7 @@ class Summary:
                 samples = event.cpu_stack_samples
                 self._row((call_site(event), STALL), event, touched, samples[0]["trace"] if samples else "")
             for info in event.blocking_events:
-                self._row((info["entry_point"], info.get("name", info["event"])), event, touched, info["trace"])
+                self._row((app_site(info), info.get("name", info["event"])), event, touched, info["trace"])
 
     def _row(self, key: tuple[str, str], event: SlowTaskEvent, touched: set[tuple[str, str]], trace: str) -> None:
         row = self._rows.get(key)

@@ -1,0 +1,121 @@
+"""Reports name the application's own line, and where a library blocked (issue 16).
+
+A blocking call made inside an installed package (`httpx.get()` connecting
+a socket in `httpcore`) is reported where it blocked, as before, and at the
+line of the application that led there: in the event (`app_site`,
+`call_site`), the CLI's summary, the pytest plugin's failure and the logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import aiocop
+from aiocop._logging import headline
+from aiocop._report import Summary, describe
+from tests.conftest import Collector, run_on
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from types import ModuleType
+
+LIBRARY = """
+import os
+import time
+
+
+def fetch(path):
+    return _connect(path)
+
+
+def _connect(path):
+    return os.stat(path)  # LIBRARY BLOCKS
+
+
+def crunch(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:  # LIBRARY SPINS
+        pass
+"""
+
+
+@pytest.fixture
+def library(tmp_path: Any) -> Iterator[ModuleType]:
+    """A third-party package, installed where pip puts them (site-packages)."""
+    site = tmp_path / "lib" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "fakelib_for_aiocop.py").write_text(LIBRARY, encoding="utf-8")
+    sys.path.insert(0, str(site))
+    try:
+        import fakelib_for_aiocop  # installed by this fixture
+
+        yield fakelib_for_aiocop
+    finally:
+        sys.path.remove(str(site))
+        sys.modules.pop("fakelib_for_aiocop", None)
+
+
+def _line(func: Any, marker: str) -> int:
+    lines, first = inspect.getsourcelines(func)
+    return first + next(i for i, text in enumerate(lines) if marker in text)
+
+
+def _library_line(marker: str) -> int:
+    return 1 + next(i for i, text in enumerate(LIBRARY.splitlines()) if marker in text)
+
+
+def test_a_call_a_library_makes_is_reported_at_the_application_line(
+    detector: Collector, loop_name: str, library: ModuleType
+) -> None:
+    async def handler() -> None:
+        library.fetch(".")  # APP CALLS
+
+    run_on(loop_name, handler())
+    (event,) = detector.events
+    (call,) = event.blocking_events
+    app = f"tests/test_app_line.py:{_line(handler, '# APP CALLS')}:handler"
+    assert call["entry_point"].endswith(f"fakelib_for_aiocop.py:{_library_line('# LIBRARY BLOCKS')}:_connect")
+    assert call["app_site"] == app
+    assert event.call_site == app
+    text = describe(event).splitlines()
+    assert text[2:5] == [
+        f"    at {app}",
+        '      library.fetch(".")  # APP CALLS',
+        f"    blocked in {call['entry_point']}",
+    ], text
+    assert f"at {app}" in headline(event)
+    summary = Summary()
+    summary(event)
+    assert [(row.call_site, row.event) for row in summary.rows()] == [(app, "os.stat")]
+
+
+def test_a_call_the_application_makes_itself_has_one_line(detector: Collector) -> None:
+    async def handler() -> None:
+        open(__file__).close()  # the call under test
+
+    run_on("asyncio", handler())
+    (call,) = detector.calls
+    assert call["app_site"] == call["entry_point"]
+    assert "blocked in" not in describe(detector.events[0])
+
+
+def test_a_stall_inside_a_library_is_reported_at_the_application_line(
+    detector: Collector, loop_name: str, library: ModuleType
+) -> None:
+    aiocop.detect_slow_tasks(threshold_ms=30)
+
+    async def handler() -> None:
+        await asyncio.sleep(0.02)
+        library.crunch(0.1)  # APP SPINS
+        await asyncio.sleep(0.05)
+
+    run_on(loop_name, handler())
+    (event,) = detector.settle(1)
+    assert event.reason == "cpu_blocking"
+    assert event.call_site == f"tests/test_app_line.py:{_line(handler, '# APP SPINS')}:handler"
+    assert "fakelib_for_aiocop.py" in event.cpu_stack_samples[0]["entry_point"]
