@@ -140,6 +140,7 @@ class SiteStats:
     worst_ms: float = 0.0
     impact: str = "low"  # the highest impact of those steps (SlowTaskEvent.impact)
     example_trace: str = ""
+    shared: bool = False  # a step of this row had other rows' calls too: its time is not this row's alone
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -149,6 +150,7 @@ class SiteStats:
             "steps": self.steps,
             "total_ms": round(self.total_ms, 3),
             "worst_ms": round(self.worst_ms, 3),
+            "step_shared": self.shared,
             "impact": self.impact,
             "example_trace": self.example_trace,
         }
@@ -178,6 +180,9 @@ class Summary:
                 self._row((call_site(event), STALL), event, touched, samples[0]["trace"] if samples else "")
             for info in event.blocking_events:
                 self._row((app_site(info), info.get("name", info["event"])), event, touched, info["trace"])
+            if len(touched) > 1:  # one step, several rows: each shows the whole step's time
+                for key in touched:
+                    self._rows[key].shared = True
 
     def _row(self, key: tuple[str, str], event: SlowTaskEvent, touched: set[tuple[str, str]], trace: str) -> None:
         row = self._rows.get(key)
@@ -209,7 +214,9 @@ class Summary:
         if not rows:
             return "aiocop: no blocking calls or stalls were seen on the event loop."
         shown = rows if limit is None else rows[:limit]
-        headers = ("call site", "event", "count", "total ms", "worst ms", "impact")
+        # The times are the steps', not the calls' (aiocop does not time a
+        # call): the headers say so, and the note under the table.
+        headers = ("call site", "event", "count", "steps ms", "worst step ms", "impact")
         table = [
             (r.call_site, r.event, str(r.count), f"{r.total_ms:.1f}", f"{r.worst_ms:.1f}", r.impact) for r in shown
         ]
@@ -233,6 +240,12 @@ class Summary:
         out += [fmt(row).rstrip() for row in table]
         if len(shown) < len(rows):
             out.append(f"... {len(rows) - len(shown)} more call site(s); see --json for all")
+        shared = sum(1 for r in rows if r.shared)
+        if shared:
+            out.append(
+                f"(ms: how long the steps where the line blocked held the loop; {shared} row(s) share a step with "
+                "another row, whose time each shows in full)"
+            )
         if self.dropped_calls:
             out.append(f"({self.dropped_calls} calls beyond the per-step buffer were counted but not itemised)")
         return "\n".join(out)

@@ -52,7 +52,7 @@ def test_runs_a_script_and_prints_call_sites_worst_first(program: Path) -> None:
     assert result.stdout == "program ran with ['a', '--flag'] asyncio\n", "the program's own output is untouched"
     lines = result.stderr.splitlines()
     header = lines.index(next(line for line in lines if line.startswith("call site")))
-    assert lines[header].split() == ["call", "site", "event", "count", "total", "ms", "worst", "ms", "impact"]
+    assert lines[header].split() == ["call", "site", "event", "count", "steps", "ms", "worst", "step", "ms", "impact"]
     rows = [line.split() for line in lines[header + 2 :]]
     assert [(r[0], r[1], r[2], r[-1]) for r in rows] == [
         ("prog.py:8:main", "time.sleep", "1", "high"),
