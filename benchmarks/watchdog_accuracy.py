@@ -175,7 +175,7 @@ def report(name: str, cells: dict[tuple[str, float, float], Cell]) -> None:
             errors = [e for cell in row for e in [cell.median_error()] if not math.isnan(e)]
             median = f"{statistics.median(errors):.1f} ms" if errors else "-"
             print(f"| {case} | {multiple:g}x | {' | '.join(shown)} | {median} |")
-    total = [c for c in cells.values()]
+    total = list(cells.values())
     at_or_above = [c for (_, _, m), c in cells.items() if m >= 1.5]
     for label, group in (("all", total), ("1.5x and above", at_or_above)):
         got = sum(c.recall()[0] for c in group)
