@@ -322,8 +322,15 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
                         break
                     if role == "core":
                         return None  # the loop's own machinery, outside any step
-            elif kind == _IMPORTLIB and event != "import":
-                return None  # part of an import, reported as the `import` event
+            elif kind == _IMPORTLIB:
+                if event != "import":
+                    return None  # part of an import, reported as the `import` event
+                # The import event itself, raised inside the import system
+                # (3.15 raises it from importlib's own frames): its caller is
+                # the code that imported, past them.
+                outer = frame
+                frame = frame.f_back
+                continue
         if not frames:
             caller_module, caller_kind = name, kind
         frames.append(frame)

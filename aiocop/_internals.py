@@ -116,8 +116,9 @@ HARMLESS: tuple[HarmlessRule, ...] = (
     HarmlessRule(
         event=("os.stat", "os.remove", "os.unlink"),
         caller_modules=("asyncio",),
-        caller_functions=("create_unix_server",),
-        reason="asyncio checking for, and removing, a stale socket file before binding in `create_unix_server`",
+        caller_functions=("create_unix_server", "_stop_serving"),
+        reason="asyncio checking for, and removing, a stale socket file before binding in `create_unix_server`, "
+        "and its own socket file when the server closes (3.13+)",
     ),
     HarmlessRule(
         event=("os.remove", "os.unlink"),
@@ -175,9 +176,9 @@ HARMLESS: tuple[HarmlessRule, ...] = (
     ),
     HarmlessRule(
         event=("os.stat", "open"),
-        caller_modules=("linecache", "tokenize"),
+        caller_internal=True,
         inside_modules=("traceback",),
-        reason="source lines read to format or record a traceback: `traceback.format_exc()` in an error "
+        reason="source lines read (by `linecache`, `tokenize`; `ast` on 3.13+) to format or record a traceback: `traceback.format_exc()` in an error "
         "handler (Starlette's error middleware), an event loop in debug mode recording one with every "
         "callback and future (uvloop calls `traceback` from C, so no loop frame shows)",
     ),
