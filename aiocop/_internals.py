@@ -178,9 +178,10 @@ HARMLESS: tuple[HarmlessRule, ...] = (
         event=("os.stat", "open"),
         caller_internal=True,
         inside_modules=("traceback",),
-        reason="source lines read (by `linecache`, `tokenize`; `ast` on 3.13+) to format or record a traceback: `traceback.format_exc()` in an error "
-        "handler (Starlette's error middleware), an event loop in debug mode recording one with every "
-        "callback and future (uvloop calls `traceback` from C, so no loop frame shows)",
+        reason="source lines read (by `linecache`, `tokenize`; `ast` on 3.13+) to format or record a "
+        "traceback: `traceback.format_exc()` in an error handler (Starlette's error middleware), an event "
+        "loop in debug mode recording one with every callback and future (uvloop calls `traceback` from C, "
+        "so no loop frame shows)",
     ),
     HarmlessRule(
         event=(),
