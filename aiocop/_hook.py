@@ -247,7 +247,7 @@ orphan_handler: Callable[[list[StepGroup], bool], None] | None = None
 make_violation: Callable[[StepGroup], BaseException] | None = None
 
 # Set by _api while the watchdog runs: registers the running loop of this thread.
-register_loop: Callable[[AbstractEventLoop], None] | None = None
+register_loop: Callable[[AbstractEventLoop, FrameType | None], None] | None = None
 
 _internal_errors = 0
 
@@ -390,7 +390,9 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
         else:
             _schedule(group, loop, state)
         if register_loop is not None:
-            register_loop(loop)  # a loop the watchdog may not know (one that sets no asyncgen hooks)
+            # A loop the watchdog may not know (one that sets no asyncgen hooks,
+            # or bound them before aiocop wrapped them), with its edge.
+            register_loop(loop, state.base_frame)
     record: Record | None = None
     if len(group.records) < _state.config.max_events_per_step:
         for arg in args:

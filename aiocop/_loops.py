@@ -178,11 +178,18 @@ def unregister(thread_id: int, *, stopping: bool = False) -> None:
             on_stop(watch, stopped, cpu)
 
 
-def ensure_registered(loop: AbstractEventLoop) -> None:
-    """Register the loop running on this thread if no start was seen (e.g. veloxloop)."""
+def ensure_registered(loop: AbstractEventLoop, base_frame: FrameType | None = None) -> None:
+    """Register the loop running on this thread if no start was seen (e.g. veloxloop).
+
+    `base_frame`: the frame that called into the loop, as the audit hook saw
+    it start (a loop written in C that bound the start signals before aiocop
+    wrapped them, Leviathan, still raises the native audit event): the edge
+    of its steps. Loops written in Python are bounded by their own frames.
+    """
     watch = watches.get(threading.get_ident())
     if watch is None or watch.loop is not loop:
-        register(loop, None)
+        python_loop = type(loop).__module__.partition(".")[0] in PYTHON_LOOP_PACKAGES
+        register(loop, None if python_loop else base_frame)
 
 
 PYTHON_LOOP_PACKAGES = frozenset(f.module.partition(".")[0] for f in LOOP_FRAMES)
