@@ -111,6 +111,97 @@ _global_rules: tuple[AllowRule, ...] = ()
 scoped_rules: ContextVar[tuple[AllowRule, ...]] = ContextVar("aiocop_allow_rules", default=())
 
 
+class Matcher:
+    """The allow rules that can match one event, compiled for the hook's walk up the stack.
+
+    The hook asks `frame_allowed` of each frame of the step as it walks, and
+    stops at the first that matches: an allowed call costs the walk to the
+    frame that allows it, and no more. What a module-only or a path-only
+    rule says of a frame depends on the frame's module name or file alone,
+    so it is worked out once per module (or file) and cached.
+    """
+
+    __slots__ = ("always", "by_file", "by_name", "modules", "other", "paths")
+
+    def __init__(self, rules: Iterable[AllowRule], event: str) -> None:
+        rules = [rule for rule in rules if not rule.events or event in rule.events]
+        # A rule with no frame condition allows the event wherever it is made.
+        self.always = any(not rule.has_frame_condition for rule in rules)
+        # Rules with one frame condition, module or path, are decided per
+        # module name or file and cached; the others frame by frame.
+        self.modules = tuple(r.module for r in rules if r.module is not None and r.path is None and r.call_site is None)
+        self.paths = tuple(r.path for r in rules if r.path is not None and r.module is None and r.call_site is None)
+        self.other = tuple(r for r in rules if r.call_site is not None or (r.module is not None and r.path is not None))
+        self.by_name: dict[object, bool] = {}
+        self.by_file: dict[object, bool] = {}
+
+    def frame_allowed(self, frame: FrameType, name: object) -> bool:
+        """Whether a rule matches this frame of the step (`name`: its module's name)."""
+        if self.modules:
+            hit = self.by_name.get(name)
+            if hit is None:
+                hit = isinstance(name, str) and any(name == m or name.startswith(m + ".") for m in self.modules)
+                _remember(self.by_name, name, hit)
+            if hit:
+                return True
+        if self.paths:
+            file = frame.f_globals.get("__file__")
+            hit = self.by_file.get(file)
+            if hit is None:
+                hit = isinstance(file, str) and file.startswith(self.paths)
+                _remember(self.by_file, file, hit)
+            if hit:
+                return True
+        return bool(self.other) and any(rule.matches_frame(frame) for rule in self.other)
+
+
+_MAX_CACHED = 4096  # modules or files per matcher; templating engines make modules without end
+
+
+def _remember(cache: dict[object, bool], key: object, hit: bool) -> None:
+    if len(cache) >= _MAX_CACHED:
+        cache.clear()
+    cache[key] = hit
+
+
+# event -> Matcher of the global rules (None: no rule names the event).
+# Emptied whenever the global rules change.
+_global_matchers: dict[str, Matcher | None] = {}
+# The same for the global rules plus a scope's, keyed by the id of the
+# scope's tuple (a new object whenever a scope is entered, kept alive by
+# the entry, so its id is not reused while the entry stands): hashing the
+# rules themselves would cost a Python call per rule.
+_scoped_matchers: dict[int, tuple[tuple[AllowRule, ...], dict[str, Matcher | None]]] = {}
+
+
+def matcher(event: str, scoped: tuple[AllowRule, ...]) -> Matcher | None:
+    """The compiled allow rules, global and `scoped`, for `event`; None if none can match it."""
+    if scoped:
+        entry = _scoped_matchers.get(id(scoped))
+        if entry is None or entry[0] is not scoped:
+            if len(_scoped_matchers) >= 64:
+                _scoped_matchers.clear()
+            entry = _scoped_matchers[id(scoped)] = (scoped, {})
+        by_event = entry[1]
+    else:
+        by_event = _global_matchers
+    compiled = by_event.get(event, _UNSET)
+    if compiled is _UNSET:
+        compiled = Matcher((*_global_rules, *scoped), event)
+        if not (compiled.always or compiled.modules or compiled.paths or compiled.other):
+            compiled = None
+        by_event[event] = compiled
+    return compiled  # type: ignore[return-value]
+
+
+_UNSET: object = object()
+
+
+def _rules_changed() -> None:
+    _global_matchers.clear()
+    _scoped_matchers.clear()
+
+
 def global_rules() -> tuple[AllowRule, ...]:
     return _global_rules
 
@@ -140,6 +231,7 @@ def add_allow_rule(
             raise TypeError("add_allow_rule takes either one AllowRule or event names")
         rule = AllowRule(_check_events(events), module, path, call_site)
     _global_rules = (*_global_rules, rule)
+    _rules_changed()
     return rule
 
 
@@ -149,12 +241,14 @@ def remove_allow_rule(rule: AllowRule) -> None:
     if not isinstance(rule, AllowRule):
         raise TypeError(f"rule must be an AllowRule (as add_allow_rule returns), not {type(rule).__name__}: {rule!r}")
     _global_rules = tuple(r for r in _global_rules if r is not rule)
+    _rules_changed()
 
 
 def clear_allow_rules() -> None:
     """Remove every global allow rule. Added in 2.0."""
     global _global_rules
     _global_rules = ()
+    _rules_changed()
 
 
 def get_allow_rules() -> list[AllowRule]:

@@ -52,6 +52,12 @@ for _frame in LOOP_FRAMES:
     LOOP_ROLES.setdefault(_frame.module, {})[_frame.function] = _frame.role
 
 
+def is_step_edge(frame: FrameType, module: object) -> bool:
+    """Whether a frame of an event loop written in Python bounds steps (dispatches or runs them)."""
+    roles = LOOP_ROLES.get(module) if isinstance(module, str) else None
+    return roles is not None and frame.f_code.co_name in roles
+
+
 # module name -> whether a module of the user's kind is the application's own
 # (not a third-party package's, installed under site-packages): where a
 # report says which line of the application led to a call a library made.

@@ -65,22 +65,32 @@ def module_in(module: object, modules: tuple[str, ...], prefixes: tuple[str, ...
 def any_matches(
     rules: tuple[HarmlessRule, ...],
     args: tuple[Any, ...],
-    frames: list[FrameType],
+    caller: FrameType,
+    edge: FrameType | None,
     loop: AbstractEventLoop,
 ) -> bool:
-    """Whether one of `rules` (from `rules_in_play`) matches the call in full."""
+    """Whether one of `rules` (from `rules_in_play`) matches the call in full.
+
+    `caller` is the innermost frame outside aiocop; `edge` the frame that
+    entered a loop written in C, if any (the walk for `inside_modules` stops
+    there, as at a Python loop's dispatch frame).
+    """
+    below: list[object] | None = None  # the modules the call went through, read once for all rules
     for rule in rules:
         # Reading f_code is an audit event of its own: only for rules that need it.
-        if rule.caller_functions and frames[0].f_code.co_name not in rule.caller_functions:
+        if rule.caller_functions and caller.f_code.co_name not in rule.caller_functions:
             continue
         if (rule.arg0_prefixes or rule.arg0_stdlib) and not _arg0_matches(rule, args):
             continue
-        if rule.imported_by_c and _at_import_statement(frames[0]):
+        if rule.imported_by_c and _at_import_statement(caller):
             continue
         if rule.arg0_socket_file and not _socket_file(args):
             continue
-        if rule.inside_modules and not _inside(rule, frames):
-            continue
+        if rule.inside_modules:
+            if below is None:
+                below = _modules_below(caller, edge)
+            if not _went_through(rule, below):
+                continue
         if rule.debug_loop_only and not loop.get_debug():
             continue
         return True
@@ -120,12 +130,37 @@ def _socket_file(args: tuple[Any, ...]) -> bool:
 _lstat = os.lstat
 
 
-def _inside(rule: HarmlessRule, frames: list[FrameType]) -> bool:
-    # Any frame below the user's: the call went through one of these modules.
-    for frame in frames:
+def _modules_below(caller: FrameType, edge: FrameType | None) -> list[object]:
+    """The modules of the step's frames from the caller down to the user's first (the stdlib's and loops')."""
+    modules: list[object] = []
+    module_kinds = _frames._module_kinds
+    frame: FrameType | None = caller
+    while frame is not None and frame is not edge and len(modules) < _MAX_BELOW:
         module = frame.f_globals.get("__name__")
-        if _frames.frame_kind(frame) == Kind.USER:
-            return False
-        if module_in(module, rule.inside_modules, rule.inside_prefixes):
+        kind = module_kinds.get(module)
+        if kind is None:
+            kind = _frames.frame_kind(frame)
+        if kind == Kind.USER or (kind == Kind.LOOP and _frames.is_step_edge(frame, module)):
+            break
+        modules.append(module)
+        frame = frame.f_back
+    return modules
+
+
+# How far below the caller `_modules_below` looks for the user's frame.
+_MAX_BELOW = 64
+
+
+def _went_through(rule: HarmlessRule, modules: list[object]) -> bool:
+    # Whether a module is one of the rule's is a function of its name:
+    # cached on the rule, bounded as _frames' caches.
+    hits = rule.inside_hits
+    for module in modules:
+        hit = hits.get(module)
+        if hit is None:
+            if len(hits) >= _frames.MAX_CACHED_MODULES:
+                hits.clear()
+            hit = hits[module] = module_in(module, rule.inside_modules, rule.inside_prefixes)
+        if hit:
             return True
     return False

@@ -266,15 +266,20 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
 ) -> tuple[StepGroup, Record | None] | None:
     """Record the call in its step's group; `None` if it is not to be reported.
 
-    One pass up the stack from the caller of the event to the step's edge
-    finds the step's frames and, on the way, the trace (the first
-    `trace_depth` frames as (code, f_lasti): the line number is worked out
-    only when someone formats the event) and the user's frame, even beyond
-    that depth. Only these frames pay for reading f_code, an audit event of
-    its own. The walk stops at the task's coroutine frame, at a Python loop's
-    dispatch frame (`Handle._run`, ...), or at the frame that entered a loop
-    written in C (`state.base_frame`).
+    A walk up the stack from the caller of the event to the step's edge
+    finds the step's frames; it stops at the task's coroutine frame, at a
+    Python loop's dispatch frame (`Handle._run`, ...), or at the frame that
+    entered a loop written in C (`state.base_frame`). Known-harmless calls
+    are dropped at the walk's first frame and allowed ones after it, before
+    any of the costly work: only a call to report pays for its trace (the
+    first `trace_depth` frames as (code, f_lasti): the line number is worked
+    out only when someone formats the event), its user's and application's
+    frames, even beyond that depth, the clock and its step's group.
     """
+    scoped = _allow.scoped_rules.get()
+    allow = _allow.matcher(event, scoped) if (_allow._global_rules or scoped) else None
+    if allow is not None and allow.always:
+        return None  # allowed wherever it is made
     task = current_task(loop)
     base = state.base_frame
     root: FrameType | None = None
@@ -284,15 +289,10 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
         # loop): reading cr_frame is an audit event of its own.
         root = getattr(task.get_coro(), "cr_frame", None)
     frames: list[FrameType] = []
+    kinds: list[int] = []  # each frame's kind
     outer: FrameType | None = None  # the outermost frame of the step, aiocop's own included
     ident: FrameType | None = None  # asyncio's dispatch frame, where there is one
-    trace: list[tuple[CodeType, int]] = []
-    site: tuple[CodeType, int] | None = None
-    app: tuple[CodeType, int] | None = None
-    depth = _state.config.trace_depth
     module_kinds = _frames._module_kinds
-    caller_module: object = None  # the module of frames[0]
-    caller_kind = Kind.USER  # and its kind (kept: the bounded cache may drop it during the walk)
     # 0: _capture, 1: audit_hook, 2: whoever raised the event: most often one
     # of aiocop's wrappers, whose caller is the first frame of interest.
     frame: FrameType | None = sys._getframe(2)
@@ -332,36 +332,47 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
                 frame = frame.f_back
                 continue
         if not frames:
-            caller_module, caller_kind = name, kind
+            # The caller. Whether the call is a known-harmless internal is
+            # decided here, before the rest of the walk: a debug-mode loop
+            # makes hundreds of them per connection. The rules the event and
+            # the caller's module leave in play are nearly always none (two
+            # dict look-ups, see _harmless).
+            in_play = _harmless.in_play.get(event)
+            harmless = in_play.get(name) if in_play is not None else None
+            if harmless is None:
+                harmless = _harmless.rules_in_play(event, name, kind)
+            if harmless and _harmless.any_matches(harmless, args, frame, base, loop):
+                return None
+        if allow is not None and allow.frame_allowed(frame, name):
+            return None  # the rest of the walk is not needed
         frames.append(frame)
+        kinds.append(kind)
         outer = frame
-        if len(trace) < depth:
-            pair = (frame.f_code, frame.f_lasti)
-            trace.append(pair)
-            if site is None and not kind:
-                site = pair
-        elif site is None and not kind:
-            site = (frame.f_code, frame.f_lasti)
-        if app is None and not kind and _frames.is_app(frame):
-            app = (frame.f_code, frame.f_lasti)
         if frame is root or len(frames) >= _MAX_WALK:
             break
         frame = frame.f_back
     if not frames:
         return None
 
-    # The known-harmless rules the event and the caller's module leave in
-    # play: nearly always none (two dict look-ups, see _harmless).
-    in_play = _harmless.in_play.get(event)
-    harmless = in_play.get(caller_module) if in_play is not None else None
-    if harmless is None:
-        harmless = _harmless.rules_in_play(event, caller_module, caller_kind)
-    if harmless and _harmless.any_matches(harmless, args, frames, loop):
-        return None
-    allow_rules = _allow._global_rules
-    scoped = _allow.scoped_rules.get()
-    if (allow_rules or scoped) and _allowed_by_user(event, frames, allow_rules, scoped):
-        return None
+    # Only a call to report pays for the trace: the first `trace_depth`
+    # frames as (code, f_lasti), the user's frame and the application's,
+    # even beyond that depth (reading f_code is an audit event of its own).
+    trace: list[tuple[CodeType, int]] = []
+    site: tuple[CodeType, int] | None = None
+    app: tuple[CodeType, int] | None = None
+    depth = _state.config.trace_depth
+    for frame, frame_kind in zip(frames, kinds, strict=True):
+        pair: tuple[CodeType, int] | None = None
+        if len(trace) < depth:
+            pair = (frame.f_code, frame.f_lasti)
+            trace.append(pair)
+        elif site is not None and app is not None:
+            break
+        if not frame_kind:
+            if site is None:
+                site = pair = pair or (frame.f_code, frame.f_lasti)
+            if app is None and _frames.is_app(frame):
+                app = pair or (frame.f_code, frame.f_lasti)
 
     now = perf_counter()
     group = state.group
@@ -405,14 +416,6 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
         group.dropped += 1
     group.score += weight
     return group, record
-
-
-def _allowed_by_user(
-    event: str, frames: list[FrameType], rules: tuple[_allow.AllowRule, ...], scoped: tuple[_allow.AllowRule, ...]
-) -> bool:
-    if scoped:
-        rules = (*rules, *scoped)
-    return any(rule.matches(event, frames) for rule in rules)
 
 
 # The kinds as plain ints for the walk: reading an enum member is a class

@@ -80,6 +80,9 @@ class HarmlessRule:
     debug_loop_only: bool = False
     caller_prefixes: tuple[str, ...] = field(init=False, repr=False, compare=False)
     inside_prefixes: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    # module name -> whether it is one of `inside_modules`: filled by the hook
+    # (see _harmless), kept on the rule to spare hashing the rule per call.
+    inside_hits: dict[object, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # `"pkg."` prefixes, so that the hook tests submodules with one startswith().

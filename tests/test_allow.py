@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
+import traceback
 import warnings
 from typing import TYPE_CHECKING
 
@@ -176,3 +178,52 @@ def test_user_import_is_reported_once(detector: Collector, loop_name: str, tmp_p
 def test_bad_rules(bad: dict[str, object]) -> None:
     with pytest.raises(TypeError):
         aiocop.AllowRule(**bad)  # type: ignore[arg-type]
+
+
+# f_code reads made by aiocop's own frames: the expensive part of recording a
+# call (each is an audit event of its own). Counted by an audit hook that
+# stays (hooks cannot be removed) and counts only while `_reads` is a list.
+_reads: list[str] | None = None
+
+
+def _count_code_reads(event: str, args: tuple[object, ...]) -> None:
+    if _reads is not None and event == "object.__getattr__" and args[1:] == ("f_code",):
+        module = sys._getframe(1).f_globals.get("__name__")
+        if isinstance(module, str) and module.startswith("aiocop"):
+            _reads.append(module)
+
+
+sys.addaudithook(_count_code_reads)
+
+
+@pytest.fixture
+def code_reads() -> Iterator[list[str]]:
+    global _reads
+    _reads = []
+    try:
+        yield _reads
+    finally:
+        _reads = None
+
+
+def test_allowed_and_harmless_calls_are_dropped_before_their_trace_is_read(
+    detector: Collector, loop_name: str, code_reads: list[str]
+) -> None:
+    # A debug-mode loop makes hundreds of harmless calls per connection (the
+    # source lines of every callback's traceback): they, and allowed calls,
+    # are decided on the stack's modules before aiocop reads any code object.
+    aiocop.add_allow_rule("os.stat", module="tests.blocking_calls")
+    silent: list[int] = []
+
+    async def main() -> None:
+        blocking_calls.do_stat()  # allowed, by module
+        with aiocop.allow_blocking("os.listdir"):
+            os.listdir(".")  # allowed, by scope
+        traceback.extract_stack(limit=1)  # linecache stats this file: a harmless internal
+        silent.append(len(code_reads))
+        os.stat(".")  # reported: its trace is read
+
+    run_on(loop_name, main())
+    assert detector.names() == ["os.stat"]
+    assert silent == [0]
+    assert code_reads, "the reported call's trace reads code objects"
