@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     )
     from aiocop._api import (
         activate,
+        configure,
         deactivate,
         detect_slow_tasks,
         disable_raise_on_violations,
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
         unregister_context_provider,
         unregister_slow_task_callback,
     )
+    from aiocop._config import ConfigError, ProjectConfig, load_config
     from aiocop._delivery import format_blocking_event
     from aiocop._events import BlockingEventInfo, CpuStackSample, RawBlockingEvent, SlowTaskEvent
     from aiocop._exceptions import HighSeverityBlockingIoException
@@ -91,6 +93,7 @@ _LAZY: dict[str, str] = {
     "get_allow_rules": "aiocop._allow",
     "remove_allow_rule": "aiocop._allow",
     "activate": "aiocop._api",
+    "configure": "aiocop._api",
     "deactivate": "aiocop._api",
     "detect_slow_tasks": "aiocop._api",
     "disable_raise_on_violations": "aiocop._api",
@@ -117,6 +120,9 @@ _LAZY: dict[str, str] = {
     "register_slow_task_callback": "aiocop._callbacks",
     "unregister_context_provider": "aiocop._callbacks",
     "unregister_slow_task_callback": "aiocop._callbacks",
+    "ConfigError": "aiocop._config",
+    "ProjectConfig": "aiocop._config",
+    "load_config": "aiocop._config",
     "format_blocking_event": "aiocop._delivery",
     "BlockingEventInfo": "aiocop._events",
     "CpuStackSample": "aiocop._events",
@@ -168,11 +174,13 @@ __all__ = [
     "AllowRule",
     "BlockingCall",
     "BlockingEventInfo",
+    "ConfigError",
     "ContextProvider",
     "CpuStackSample",
     "HighSeverityBlockingIoException",
     "IoSeverityLevel",
     "LoggingCallback",
+    "ProjectConfig",
     "RawBlockingEvent",
     "SlowTaskCallback",
     "SlowTaskEvent",
@@ -184,6 +192,7 @@ __all__ = [
     "clear_allow_rules",
     "clear_context_providers",
     "clear_slow_task_callbacks",
+    "configure",
     "deactivate",
     "detect_slow_tasks",
     "disable_raise_on_violations",
@@ -198,6 +207,7 @@ __all__ = [
     "is_monitored",
     "is_monitoring_active",
     "is_raise_on_violations_enabled",
+    "load_config",
     "log_events",
     "monitored",
     "patch_audit_functions",

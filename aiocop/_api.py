@@ -7,7 +7,8 @@ import atexit
 import logging
 from typing import TYPE_CHECKING, Any, get_args
 
-from aiocop import _callbacks, _delivery, _hook, _loops, _rules, _state, _watchdog, _wrappers
+from aiocop import _allow, _callbacks, _delivery, _frames, _hook, _loops, _rules, _state, _watchdog, _wrappers
+from aiocop._config import ProjectConfig, load_config
 from aiocop._scope import ContextVarScope
 from aiocop._severity import level_threshold
 from aiocop._state import Delivery
@@ -23,6 +24,7 @@ from aiocop._validate import (
 )
 
 if TYPE_CHECKING:
+    import os
     from collections.abc import Callable
 
     from aiocop._callbacks import SlowTaskCallback
@@ -145,6 +147,44 @@ def _start_watchdog() -> None:
     _loops.install()
     _hook.register_loop = _loops.ensure_registered
     _watchdog.watchdog.start()
+
+
+# What configure() applied last: its allow rules are taken back when it runs again.
+_configured: ProjectConfig | None = None
+
+
+def configure(path: str | os.PathLike[str] | None = None) -> ProjectConfig:
+    """Start detection as the project's `[tool.aiocop]` table says, and return that configuration.
+
+    Reads the table (`load_config(path)`: the file `AIOCOP_CONFIG` names, else
+    the nearest `pyproject.toml` from the working directory up), starts
+    interception with its `trace_depth`, adds its allow rules, takes its
+    `app_paths`/`library_paths` for the reports' application lines, and
+    starts the stall watchdog if it sets `threshold_ms`. The ASGI middleware
+    takes its `sample_rate`. Called again, it replaces what it applied
+    before. Raises `ConfigError` for a table it cannot use. Added in 2.0.
+
+    Args:
+        path: The `pyproject.toml` to read, instead of looking for one.
+    """
+    global _configured
+    config = load_config(path)
+    start_blocking_io_detection(trace_depth=config.trace_depth or _state.Config.trace_depth)
+    if _configured is not None:
+        for rule in _configured.allow:
+            _allow.remove_allow_rule(rule)
+    for rule in config.allow:
+        _allow.add_allow_rule(rule)
+    _frames.set_app_paths(config.app_paths, config.library_paths)
+    if config.threshold_ms is not None:
+        detect_slow_tasks(threshold_ms=config.threshold_ms)
+    _configured = config
+    return config
+
+
+def configured() -> ProjectConfig | None:
+    """The configuration `configure()` applied last (None: it was not called)."""
+    return _configured
 
 
 def is_cpu_sampling_started() -> bool:

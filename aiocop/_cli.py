@@ -15,12 +15,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import aiocop
+from aiocop import _baseline
+from aiocop._config import ConfigError, load_config, parse_allow_line
+from aiocop._frames import set_app_paths
 from aiocop._report import Summary, describe
 from aiocop._severity import level_rank
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
 
+    from aiocop._allow import AllowRule
     from aiocop._events import SlowTaskEvent
 
 PROG = "python -m aiocop"
@@ -30,7 +34,23 @@ LEVELS = ("low", "medium", "high")
 
 # aiocop's own options of `run` that take a value: everything up to the
 # program (a script path, or `-m module`) is aiocop's, the rest the program's.
-_VALUE_OPTIONS = frozenset({"--threshold-ms", "--trace-depth", "--json", "--fail-on", "--top"})
+_VALUE_OPTIONS = frozenset(
+    {
+        "--threshold-ms",
+        "--trace-depth",
+        "--json",
+        "--fail-on",
+        "--top",
+        "--config",
+        "--allow",
+        "--app-path",
+        "--library-path",
+        "--baseline",
+        "--write-baseline",
+    }
+)
+DEFAULT_THRESHOLD_MS = 30.0
+DEFAULT_TRACE_DEPTH = 10
 
 
 def _positive(kind: type[float] | type[int]) -> Any:
@@ -77,15 +97,18 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     run.add_argument(
         "--threshold-ms",
         type=_positive(float),
-        default=30.0,
         metavar="MS",
-        help="a step holding its loop this long is a stall (default: 30)",
+        help=f"a step holding its loop this long is a stall (default: {DEFAULT_THRESHOLD_MS:g}, or threshold_ms "
+        "in [tool.aiocop])",
     )
     run.add_argument(
         "--no-watchdog", action="store_true", help="intercepted calls only: do not look for CPU-bound stalls"
     )
     run.add_argument(
-        "--trace-depth", type=_positive(int), default=10, metavar="N", help="frames kept per call (default: 10)"
+        "--trace-depth",
+        type=_positive(int),
+        metavar="N",
+        help=f"frames kept per call (default: {DEFAULT_TRACE_DEPTH}, or trace_depth in [tool.aiocop])",
     )
     run.add_argument(
         "--json", metavar="FILE", help="also write the summary, with one example trace per call site, as JSON"
@@ -94,7 +117,47 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "--fail-on",
         choices=LEVELS,
         metavar="IMPACT",
-        help=f"exit with status {EXIT_FAIL_ON} if a call site reached this impact (low, medium or high)",
+        help=f"exit with status {EXIT_FAIL_ON} if a call site reached this impact (low, medium or high; "
+        "default: fail_on in [tool.aiocop], else never)",
+    )
+    run.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the pyproject.toml whose [tool.aiocop] table to use (default: $AIOCOP_CONFIG, else the nearest "
+        "pyproject.toml from the working directory up)",
+    )
+    run.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="RULE",
+        help="do not report matching calls, e.g. 'open module=myapp.templates' (repeatable; added to allow in "
+        "[tool.aiocop])",
+    )
+    run.add_argument(
+        "--app-path",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="files under this path are the application's own code, even if installed (repeatable)",
+    )
+    run.add_argument(
+        "--library-path",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="files under this path are not the application's own code, e.g. vendored packages (repeatable)",
+    )
+    run.add_argument(
+        "--baseline",
+        metavar="FILE",
+        help="call sites recorded in this file are reported but cannot fail the run (default: baseline in "
+        "[tool.aiocop])",
+    )
+    run.add_argument(
+        "--write-baseline",
+        metavar="FILE",
+        help="record every call site this run reports in FILE, as the baseline later runs compare with",
     )
     run.add_argument("--top", type=_positive(int), default=20, metavar="N", help="rows shown (default: 20)")
     run.add_argument("-v", "--verbose", action="store_true", help="also print each event as it is reported")
@@ -149,14 +212,58 @@ def main(argv: Sequence[str] | None = None) -> int:
         _usage_error(run_parser, f"can't open file {program.script!r}: no such file")
     if program.module is not None and not _module_exists(program.module):
         _usage_error(run_parser, f"no module named {program.module!r}")
-    if settings.json:
-        # Found out now rather than after a long run whose report is then lost.
-        folder = os.path.dirname(os.path.abspath(settings.json))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            _usage_error(run_parser, f"--json: cannot write a file in {folder!r}")
+    # Found out now rather than after a long run whose report is then lost.
+    for flag, path in (("--json", settings.json), ("--write-baseline", settings.write_baseline)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder is not None and (not os.path.isdir(folder) or not os.access(folder, os.W_OK)):
+            _usage_error(run_parser, f"{flag}: cannot write a file in {folder!r}")
+    resolved = _resolve(settings, run_parser)
     factory = _uvloop_factory(run_parser) if settings.uvloop else None
     with _default_loop_factory(factory):
-        return _run(program, settings)
+        return _run(program, settings, resolved)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The run's settings: each flag, else `[tool.aiocop]`, else the default."""
+
+    threshold_ms: float
+    trace_depth: int
+    fail_on: str | None
+    allow: tuple[AllowRule, ...]
+    app_paths: tuple[str, ...]
+    library_paths: tuple[str, ...]
+    baseline: frozenset[tuple[str, str]] | None
+
+
+def _resolve(settings: argparse.Namespace, parser: argparse.ArgumentParser) -> Resolved:
+    try:
+        project = load_config(settings.config)
+    except ConfigError as exc:
+        _usage_error(parser, str(exc))
+    cwd = os.getcwd()
+    rules = list(project.allow)
+    for line in settings.allow:
+        try:
+            rules.append(parse_allow_line(line, cwd))
+        except ValueError as exc:
+            _usage_error(parser, f"--allow: in rule {line!r}: {exc}")
+    baseline: frozenset[tuple[str, str]] | None = None
+    baseline_file = settings.baseline or project.baseline
+    if baseline_file and not settings.write_baseline:
+        try:
+            baseline = _baseline.read(baseline_file)
+        except _baseline.BaselineError as exc:
+            _usage_error(parser, str(exc))
+    return Resolved(
+        threshold_ms=settings.threshold_ms or project.threshold_ms or DEFAULT_THRESHOLD_MS,
+        trace_depth=settings.trace_depth or project.trace_depth or DEFAULT_TRACE_DEPTH,
+        fail_on=settings.fail_on or project.fail_on,
+        allow=tuple(rules),
+        app_paths=(*project.app_paths, *(os.path.abspath(p) for p in settings.app_path)),
+        library_paths=(*project.library_paths, *(os.path.abspath(p) for p in settings.library_path)),
+        baseline=baseline,
+    )
 
 
 def _module_exists(name: str) -> bool:
@@ -201,12 +308,15 @@ def _default_loop_factory(factory: Callable[[], asyncio.AbstractEventLoop] | Non
         asyncio.events.new_event_loop = asyncio.new_event_loop = original
 
 
-def _run(program: Program, settings: argparse.Namespace) -> int:
-    summary = Summary()
-    aiocop.start_blocking_io_detection(trace_depth=settings.trace_depth)
+def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> int:
+    summary = Summary(resolved.baseline)
+    aiocop.start_blocking_io_detection(trace_depth=resolved.trace_depth)
     aiocop.detect_slow_tasks(
-        threshold_ms=settings.threshold_ms, on_slow_task=summary, cpu_sampling=not settings.no_watchdog
+        threshold_ms=resolved.threshold_ms, on_slow_task=summary, cpu_sampling=not settings.no_watchdog
     )
+    set_app_paths(resolved.app_paths, resolved.library_paths)
+    for rule in resolved.allow:
+        aiocop.add_allow_rule(rule)
     if settings.verbose:
         aiocop.register_slow_task_callback(_print_event)
     pid = os.getpid()
@@ -221,12 +331,30 @@ def _run(program: Program, settings: argparse.Namespace) -> int:
     aiocop.unregister_slow_task_callback(summary)
     aiocop.unregister_slow_task_callback(_print_event)
 
+    for rule in resolved.allow:
+        aiocop.remove_allow_rule(rule)
+    set_app_paths((), ())
+
     print("\n" + summary.render(limit=settings.top), file=sys.stderr)
     if settings.json:
         _write_json(settings.json, program, status, summary)
-    worst = summary.worst_level()
-    if status == 0 and settings.fail_on and worst is not None and level_rank(worst) >= level_rank(settings.fail_on):
-        print(f"aiocop: failing: a call site reached impact {worst!r} (--fail-on {settings.fail_on})", file=sys.stderr)
+    if settings.write_baseline:
+        try:
+            _baseline.write(settings.write_baseline, summary.counts())
+        except OSError as error:
+            print(f"aiocop: could not write --write-baseline file: {error}", file=sys.stderr)
+            return status or 1
+        print(
+            f"aiocop: wrote {len(summary.counts())} call site(s) to the baseline {settings.write_baseline!r}",
+            file=sys.stderr,
+        )
+        return status  # today's call sites are the baseline: none of them fails this run
+    fail_on = resolved.fail_on
+    worst = summary.worst_level(new_only=True)
+    if status == 0 and fail_on and worst is not None and level_rank(worst) >= level_rank(fail_on):
+        what = "a call site not in the baseline" if resolved.baseline is not None else "a call site"
+        source = f"--fail-on {fail_on}" if settings.fail_on else f"fail_on = {fail_on!r} in [tool.aiocop]"
+        print(f"aiocop: failing: {what} reached impact {worst!r} ({source})", file=sys.stderr)
         return EXIT_FAIL_ON
     return status
 

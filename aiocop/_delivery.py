@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from aiocop import _callbacks, _forksafe, _hook, _loops, _state, _watchdog
 from aiocop._events import BlockingEventInfo, CpuStackSample, RawBlockingEvent, SlowTaskEvent
 from aiocop._exceptions import HighSeverityBlockingIoException
-from aiocop._frames import format_frame, is_internal_file, is_library_file
+from aiocop._frames import format_frame, is_app_file, is_internal_file
 from aiocop._severity import get_severity_level_from_score, impact_level
 
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ def format_samples(samples: list[tuple[tuple[tuple[CodeType, int], ...], int]]) 
         pairs = [_frame(code, lasti) for code, lasti in stack]
         texts = [p[1] for p in pairs]
         user = next((p[1] for p in pairs if not is_internal_file(p[0][0])), texts[0] if texts else "unknown")
-        app = next((p[1] for p in pairs if not is_internal_file(p[0][0]) and not is_library_file(p[0][0])), user)
+        app = next((p[1] for p in pairs if not is_internal_file(p[0][0]) and is_app_file(p[0][0])), user)
         frames = [p[0] for p in pairs]
         formatted.append(
             {"trace": " <- ".join(texts), "entry_point": user, "count": count, "frames": frames, "app_site": app}

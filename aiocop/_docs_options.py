@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import aiocop
 import aiocop.asgi
 import aiocop.structlog
-from aiocop import _cli, _pytest_settings, pytest_plugin
+from aiocop import _cli, _config, _pytest_settings, pytest_plugin
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 # The configuring callables of the Python API, in the order a user meets them:
 # (what the page calls it, the object, its anchor on the API reference page).
 API: tuple[tuple[str, Callable[..., Any], str], ...] = (
+    ("aiocop.configure", aiocop.configure, "api.md"),
+    ("aiocop.load_config", aiocop.load_config, "api.md"),
     ("aiocop.start_blocking_io_detection", aiocop.start_blocking_io_detection, "api.md"),
     ("aiocop.detect_slow_tasks", aiocop.detect_slow_tasks, "api.md"),
     ("aiocop.start_cpu_sampling", aiocop.start_cpu_sampling, "api.md"),
@@ -48,9 +50,11 @@ DATA_TYPES = frozenset(
     {
         "BlockingCall",
         "BlockingEventInfo",
+        "ConfigError",
         "CpuStackSample",
         "HighSeverityBlockingIoException",
         "LoggingCallback",
+        "ProjectConfig",
         "RawBlockingEvent",
         "RequestInfo",
         "SlowTaskEvent",
@@ -191,6 +195,8 @@ _INI_NOTE = re.compile(r"\s*\((?:default [^;)]*; )?ini: [^)]*\)")
 
 
 def _ini_value(value: object) -> str:
+    if value is None:
+        return "none"
     if isinstance(value, bool):
         return "`true`" if value else "`false`"
     if value == []:
@@ -208,8 +214,10 @@ def _pytest_section() -> list[str]:
     lines = [
         "## pytest plugin",
         "",
-        "Every option is a command-line flag and an ini key (in `[tool.pytest.ini_options]`, `pytest.ini`,",
-        "`tox.ini` or `setup.cfg`); the flag wins. See [pytest in CI](../how-to/pytest.md).",
+        "Nearly every option is a command-line flag and an ini key (in `[tool.pytest.ini_options]`,",
+        "`pytest.ini`, `tox.ini` or `setup.cfg`); the flag wins, then the ini key, then",
+        "[`[tool.aiocop]`](#project-configuration-toolaiocop).",
+        "See [pytest in CI](../how-to/pytest.md).",
         "",
         "| flag | ini key | default | meaning |",
         "| --- | --- | --- | --- |",
@@ -220,14 +228,18 @@ def _pytest_section() -> list[str]:
             for option in options
             for flag in option.flags
         )
-        ini = inis.pop(dest)
+        ini = inis.pop(dest, None)
         helps = [_INI_NOTE.sub("", option.help) for option in options]
         meaning = (
             helps[0]
             if len(helps) == 1
             else "; ".join(f"`{o.flags[0]}`: {h}" for o, h in zip(options, helps, strict=True))
         )
-        lines.append(f"| {shown} | `{ini.name}` | {_ini_value(ini.default)} | {_cell(meaning)} |")
+        if ini is None:  # a one-off action, not a setting
+            lines.append(f"| {shown} | | none | {_cell(meaning)} |")
+            continue
+        default = _pytest_settings.DEFAULTS.get(ini.name, ini.default)
+        lines.append(f"| {shown} | `{ini.name}` | {_ini_value(default)} | {_cell(meaning)} |")
     if inis:
         raise LookupError(f"ini keys without a flag: {sorted(inis)}")
     lines += ["", "### Markers", "", "| marker | meaning |", "| --- | --- |"]
@@ -238,6 +250,40 @@ def _pytest_section() -> list[str]:
     for fixture in (pytest_plugin.aiocop_events,):
         doc = inspect.getdoc(fixture) or ""
         lines.append(f"| `{fixture.__name__}` | {_cell(doc.replace(chr(10) * 2, ' '))} |")
+    return [*lines, ""]
+
+
+# --- [tool.aiocop] ---
+
+# Which integrations read each key (the API through aiocop.configure()).
+_READ_BY = {
+    "threshold_ms": "API, CLI, pytest",
+    "trace_depth": "API, CLI, pytest",
+    "fail_on": "CLI, pytest",
+    "app_paths": "API, CLI, pytest",
+    "library_paths": "API, CLI, pytest",
+    "allow": "API, CLI, pytest",
+    "baseline": "CLI, pytest",
+    "sample_rate": "ASGI middleware (after `aiocop.configure()`)",
+}
+
+
+def _project_section() -> list[str]:
+    fields = docstring_entries(_config.ProjectConfig, "Attributes")
+    if set(_READ_BY) != set(_config._PARSERS):
+        raise LookupError(f"[tool.aiocop] keys without a reader: {sorted(set(_config._PARSERS) ^ set(_READ_BY))}")
+    lines = [
+        "## Project configuration: `[tool.aiocop]`",
+        "",
+        "One table in `pyproject.toml` for the API (`aiocop.configure()`), the command line, the pytest",
+        "plugin and the ASGI middleware; each one's own flags and arguments win. Relative paths are",
+        "from the file's folder. See [configuration and baselines](../how-to/configuration.md).",
+        "",
+        "| key | read by | meaning |",
+        "| --- | --- | --- |",
+    ]
+    for key in _config._PARSERS:
+        lines.append(f"| `{key}` | {_READ_BY[key]} | {_cell(fields[key])} |")
     return [*lines, ""]
 
 
@@ -298,8 +344,9 @@ def render() -> str:
         "     Do not edit: the test suite checks it is up to date. -->",
         "",
         "Every option aiocop has, in one place: the keyword arguments of the Python API, the ASGI",
-        "middleware, the pytest plugin's flags, ini keys, markers and fixture, and the command line.",
-        "aiocop reads no environment variables.",
+        "middleware, the `[tool.aiocop]` table they share, the pytest plugin's flags, ini keys, markers and",
+        f"fixture, and the command line. One environment variable: `{_config.ENV_VAR}`, the file to read",
+        "`[tool.aiocop]` from instead of the nearest `pyproject.toml`.",
         "",
         "## Python API",
         "",
@@ -311,6 +358,7 @@ def render() -> str:
         lines += _callable_section(name, obj, page)
     lines += ["## ASGI middleware", "", "See [web apps](../how-to/asgi.md).", ""]
     lines += _callable_section(*ASGI)
+    lines += _project_section()
     lines += _pytest_section()
     lines += _cli_section()
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -71,11 +71,38 @@ def is_app(frame: FrameType) -> bool:
     app = _app_modules.get(name)
     if app is None:
         file = module_globals.get("__file__")
-        app = not (isinstance(file, str) and is_library_file(file))
+        app = not isinstance(file, str) or is_app_file(file)
         if len(_app_modules) >= MAX_CACHED_MODULES:
             _app_modules.clear()
         _app_modules[name] = app
     return app
+
+
+# Path prefixes the configuration says are the application's own code (even
+# installed under site-packages) or not (vendored code), absolute.
+_app_paths: tuple[str, ...] = ()
+_library_paths: tuple[str, ...] = ()
+
+
+def set_app_paths(app: tuple[str, ...], library: tuple[str, ...]) -> None:
+    """Say which path prefixes are the application's own code and which are not (`app_paths`, `library_paths`)."""
+    global _app_paths, _library_paths
+    _app_paths, _library_paths = tuple(app), tuple(library)
+    _app_modules.clear()
+
+
+def is_app_file(filename: str) -> bool:
+    """Whether code from this file (not the stdlib's or a loop's) is the application's own.
+
+    The longest configured prefix that matches decides; without one, code
+    under site-packages is a library's and anything else the application's.
+    """
+    if _app_paths or _library_paths:
+        app = max((len(p) for p in _app_paths if filename.startswith(p)), default=-1)
+        library = max((len(p) for p in _library_paths if filename.startswith(p)), default=-1)
+        if app != library:
+            return app > library
+    return not is_library_file(filename)
 
 
 def frame_kind(frame: FrameType) -> Kind:

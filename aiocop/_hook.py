@@ -290,6 +290,10 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
         root = getattr(task.get_coro(), "cr_frame", None)
     frames: list[FrameType] = []
     kinds: list[int] = []  # each frame's kind
+    # For an import: the index in `frames` of the outermost frame that
+    # started an import (the line that imported the package whose modules
+    # import the rest): the import chain's one application line.
+    importer = 0
     outer: FrameType | None = None  # the outermost frame of the step, aiocop's own included
     ident: FrameType | None = None  # asyncio's dispatch frame, where there is one
     module_kinds = _frames._module_kinds
@@ -327,7 +331,9 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
                     return None  # part of an import, reported as the `import` event
                 # The import event itself, raised inside the import system
                 # (3.15 raises it from importlib's own frames): its caller is
-                # the code that imported, past them.
+                # the code that imported, past them. And a module being
+                # imported that imports: the next frame out started it.
+                importer = len(frames)
                 outer = frame
                 frame = frame.f_back
                 continue
@@ -360,8 +366,9 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     trace: list[tuple[CodeType, int]] = []
     site: tuple[CodeType, int] | None = None
     app: tuple[CodeType, int] | None = None
+    trigger: tuple[CodeType, int] | None = None  # an import's first user frame from `importer` out
     depth = _state.config.trace_depth
-    for frame, frame_kind in zip(frames, kinds, strict=True):
+    for index, (frame, frame_kind) in enumerate(zip(frames, kinds, strict=True)):
         pair: tuple[CodeType, int] | None = None
         if len(trace) < depth:
             pair = (frame.f_code, frame.f_lasti)
@@ -371,8 +378,16 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
         if not frame_kind:
             if site is None:
                 site = pair = pair or (frame.f_code, frame.f_lasti)
-            if app is None and _frames.is_app(frame):
-                app = pair or (frame.f_code, frame.f_lasti)
+            if index >= importer:
+                if trigger is None:
+                    trigger = pair = pair or (frame.f_code, frame.f_lasti)
+                if app is None and _frames.is_app(frame):
+                    app = pair or (frame.f_code, frame.f_lasti)
+    if app is None and importer:
+        # A library's import chain with no application frame (a server
+        # importing its protocol modules at start-up): the line that started
+        # it, one row for the whole chain, rather than each nested module.
+        app = trigger
 
     now = perf_counter()
     group = state.group

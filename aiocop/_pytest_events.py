@@ -19,6 +19,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING, cast, overload
 
 from aiocop import _delivery, _forksafe, _hook, _loops, _watchdog
+from aiocop._baseline import Key, call_keys, stall_key
 from aiocop._report import STALL, call_site, describe, source_line
 from aiocop._severity import level_rank, level_threshold
 
@@ -180,7 +181,11 @@ def is_stall(event: SlowTaskEvent) -> bool:
 
 
 def failing(
-    events: Sequence[SlowTaskEvent], fail_on: str, stalls: bool, rules: Sequence[AllowRule]
+    events: Sequence[SlowTaskEvent],
+    fail_on: str,
+    stalls: bool,
+    rules: Sequence[AllowRule],
+    known: frozenset[Key] | None = None,
 ) -> list[SlowTaskEvent]:
     """The events that fail a test.
 
@@ -189,21 +194,35 @@ def failing(
     stuck past the threshold whose impact reaches `fail_on` (a stall is
     "medium" from the threshold, "high" from twice it), unless an allow rule
     without event names covers their call site (rules naming events only
-    ever match intercepted calls).
+    ever match intercepted calls). With a baseline (`known`), an event whose
+    call sites are all in it fails nothing.
     """
     minimum = max(1, level_threshold(fail_on))
     bad = []
     for event in events:
-        blocked = event.reason != "cpu_blocking" and event.severity_score >= minimum
+        blocked = (
+            event.reason != "cpu_blocking"
+            and event.severity_score >= minimum
+            and (known is None or not known.issuperset(call_keys(event)))
+        )
         stalled = (
             stalls
             and is_stall(event)
             and level_rank(event.impact) >= level_rank(fail_on)
             and not any(_allows_stall(rule, event) for rule in rules)
+            and (known is None or stall_key(event) not in known)
         )
         if blocked or stalled:
             bad.append(event)
     return bad
+
+
+def baseline_keys(event: SlowTaskEvent) -> list[Key]:
+    """What a baseline records of an event that fails a test: its calls' sites, and its stall's."""
+    keys = call_keys(event)
+    if is_stall(event):
+        keys.append(stall_key(event))
+    return keys
 
 
 def _allows_stall(rule: AllowRule, event: SlowTaskEvent) -> bool:

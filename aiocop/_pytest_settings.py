@@ -8,22 +8,36 @@ option, ini key or test they come from.
 from __future__ import annotations
 
 import os
-import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
-from aiocop._validate import did_you_mean
+from aiocop._baseline import BaselineError
+from aiocop._baseline import read as read_baseline
+from aiocop._config import (
+    ALLOW_KEYS,
+    ENV_VAR,
+    LEVELS,
+    ConfigError,
+    ProjectConfig,
+    find_pyproject,
+    load_config,
+    make_rule,
+    parse_allow_line,
+)
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from aiocop._allow import AllowRule
 
-LEVELS = ("low", "medium", "high")
 DEFAULT_TRACE_DEPTH = 20
-ALLOW_KEYS = ("module", "path", "call_site")
+# What an ini key left unset means when [tool.aiocop] does not say either.
+DEFAULTS: dict[str, Any] = {
+    "aiocop_fail_on": "low",
+    "aiocop_threshold_ms": 0,
+    "aiocop_trace_depth": DEFAULT_TRACE_DEPTH,
+}
+__all__ = ["ALLOW_KEYS", "DEFAULTS", "LEVELS", "Settings", "add_options", "make_rule", "parse_allow_line", "read"]
 
 # pytest 8.4 added typed numeric ini keys (and, from 9.0, native TOML configs
 # need them to accept `aiocop_threshold_ms = 50`); older versions read strings.
@@ -51,15 +65,28 @@ class Settings:
     check_sync: bool
     allow: tuple[AllowRule, ...]
     allow_lines: tuple[str, ...]  # as written, for the report header
+    app_paths: tuple[str, ...] = ()
+    library_paths: tuple[str, ...] = ()
+    baseline_file: str | None = None  # compared with (None: no baseline)
+    baseline: frozenset[tuple[str, str]] | None = None  # the call sites it records
+    write_baseline: str | None = None  # record the session's call sites here instead of failing tests
+    config_source: str | None = None  # the pyproject.toml whose [tool.aiocop] was read
 
     def header(self) -> str:
         threshold = "off" if self.threshold_ms is None else f"{self.threshold_ms:g}"
         allow = "; ".join(self.allow_lines) if self.allow_lines else "none"
-        return (
+        line = (
             f"aiocop: fail_on={self.fail_on}, threshold_ms={threshold}, trace_depth={self.trace_depth}, "
             f"check_fixtures={_yes_no(self.check_fixtures)}, check_sync={_yes_no(self.check_sync)}, "
             f"allow={allow}"
         )
+        if self.baseline_file is not None:
+            line += f", baseline={self.baseline_file} ({len(self.baseline or ())} call sites)"
+        if self.write_baseline is not None:
+            line += f", writing the baseline {self.write_baseline} (no test fails for blocking)"
+        if self.config_source is not None:
+            line += f", [tool.aiocop] from {self.config_source}"
+        return line
 
 
 def _yes_no(value: bool) -> str:
@@ -128,15 +155,26 @@ def add_options(parser: pytest.Parser) -> None:
         help="allow blocking calls for the whole run, e.g. 'open module=myapp.config' "
         "(repeatable, added to the ini key aiocop_allow)",
     )
-    parser.addini("aiocop", type="bool", default=False, help="switch the aiocop plugin on (see --aiocop)")
-    parser.addini("aiocop_fail_on", type="string", default="low", help="see --aiocop-fail-on")
-    parser.addini("aiocop_threshold_ms", type=_FLOAT_INI, default=0, help="see --aiocop-threshold-ms")
-    parser.addini(
-        "aiocop_trace_depth",
-        type=_INT_INI,
-        default=DEFAULT_TRACE_DEPTH,
-        help="see --aiocop-trace-depth",
+    group.addoption(
+        "--aiocop-baseline",
+        dest="aiocop_baseline",
+        metavar="FILE",
+        help="call sites recorded in this baseline file are reported but fail no test (ini: aiocop_baseline; "
+        "[tool.aiocop] baseline)",
     )
+    group.addoption(
+        "--aiocop-write-baseline",
+        dest="aiocop_write_baseline",
+        metavar="FILE",
+        help="record the call sites that would fail tests in FILE, as the baseline later runs compare with; "
+        "no test fails for blocking in this run",
+    )
+    # Unset ini keys read as None: then [tool.aiocop] in pyproject.toml, then the default.
+    parser.addini("aiocop", type="bool", default=False, help="switch the aiocop plugin on (see --aiocop)")
+    parser.addini("aiocop_fail_on", type="string", default=None, help="see --aiocop-fail-on")
+    parser.addini("aiocop_threshold_ms", type=_FLOAT_INI, default=None, help="see --aiocop-threshold-ms")
+    parser.addini("aiocop_trace_depth", type=_INT_INI, default=None, help="see --aiocop-trace-depth")
+    parser.addini("aiocop_baseline", type="string", default=None, help="see --aiocop-baseline")
     parser.addini("aiocop_check_fixtures", type="bool", default=False, help="see --aiocop-check-fixtures")
     parser.addini("aiocop_check_sync", type="bool", default=True, help="see --aiocop-check-sync")
     parser.addini(
@@ -149,28 +187,49 @@ def add_options(parser: pytest.Parser) -> None:
 
 
 def read(config: pytest.Config) -> Settings:
-    """The settings in effect; raises `pytest.UsageError` for bad values."""
+    """The settings in effect; raises `pytest.UsageError` for bad values.
+
+    Each comes from its flag, else its ini key, else `[tool.aiocop]` in the
+    project's pyproject.toml, else its default.
+    """
+    project = _project(config)
     enabled = _pick(config, "aiocop", "aiocop")
-    fail_on = str(_pick(config, "aiocop_fail_on", "aiocop_fail_on")).strip()
+    fail_on = str(
+        _pick(config, "aiocop_fail_on", "aiocop_fail_on", project.fail_on or DEFAULTS["aiocop_fail_on"])
+    ).strip()
     if fail_on not in LEVELS:
         raise pytest.UsageError(
             f"{_source(config, 'aiocop_fail_on', '--aiocop-fail-on')}: expected one of low, medium, high, "
             f"got {fail_on!r}"
         )
-    threshold = _number(config, "aiocop_threshold_ms", "--aiocop-threshold-ms", float, "a number of milliseconds")
+    threshold = _number(
+        config,
+        "aiocop_threshold_ms",
+        "--aiocop-threshold-ms",
+        float,
+        "a number of milliseconds",
+        project.threshold_ms or DEFAULTS["aiocop_threshold_ms"],
+    )
     if not threshold >= 0:  # also rejects NaN
         raise pytest.UsageError(
             f"{_source(config, 'aiocop_threshold_ms', '--aiocop-threshold-ms')}: expected a number of "
             f"milliseconds >= 0 (0: off), got {threshold!r}"
         )
-    depth = _number(config, "aiocop_trace_depth", "--aiocop-trace-depth", int, "a whole number of frames")
+    depth = _number(
+        config,
+        "aiocop_trace_depth",
+        "--aiocop-trace-depth",
+        int,
+        "a whole number of frames",
+        project.trace_depth or DEFAULTS["aiocop_trace_depth"],
+    )
     if depth < 1:
         raise pytest.UsageError(
             f"{_source(config, 'aiocop_trace_depth', '--aiocop-trace-depth')}: expected a number of frames >= 1, "
             f"got {depth!r}"
         )
-    rules: list[AllowRule] = []
-    lines: list[str] = []
+    rules: list[AllowRule] = list(project.allow)
+    lines: list[str] = list(project.allow_lines)
     sources = [("aiocop_allow (ini)", line) for line in config.getini("aiocop_allow")]
     sources += [("--aiocop-allow", line) for line in config.getoption("aiocop_allow")]
     for source, line in sources:
@@ -190,85 +249,63 @@ def read(config: pytest.Config) -> Settings:
         check_sync=bool(_pick(config, "aiocop_check_sync", "aiocop_check_sync")),
         allow=tuple(rules),
         allow_lines=tuple(lines),
+        app_paths=project.app_paths,
+        library_paths=project.library_paths,
+        config_source=project.source if project != ProjectConfig(source=project.source) else None,
+        **_baselines(config, project),
     )
 
 
-def _pick(config: pytest.Config, dest: str, ini: str) -> Any:
+def _project(config: pytest.Config) -> ProjectConfig:
+    # The file AIOCOP_CONFIG names, else the pyproject.toml nearest the rootdir.
+    path = os.environ.get(ENV_VAR) or find_pyproject(str(config.rootpath))
+    try:
+        return load_config(path) if path else ProjectConfig()
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _baselines(config: pytest.Config, project: ProjectConfig) -> dict[str, Any]:
+    write = config.getoption("aiocop_write_baseline")
+    if write:
+        return {"write_baseline": os.path.abspath(write)}
+    file = config.getoption("aiocop_baseline") or config.getini("aiocop_baseline")
+    # A relative file is the rootdir's (os.path.join keeps an absolute one as it is).
+    file = os.path.join(str(config.rootpath), file) if file else project.baseline
+    if not file:
+        return {}
+    try:
+        return {"baseline_file": file, "baseline": read_baseline(file)}
+    except BaselineError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _pick(config: pytest.Config, dest: str, ini: str, default: Any = None) -> Any:
     value = config.getoption(dest)
     if value is not None:
         return value
     try:
-        return config.getini(ini)
+        value = config.getini(ini)
     except (ValueError, pytest.UsageError) as exc:  # a typed key pytest could not convert: say which
         raise pytest.UsageError(f"{ini} (ini): {exc}") from None
+    # Unset: None (older pytest versions give an empty value instead).
+    return default if value is None or value in ([], "") else value
 
 
 def _source(config: pytest.Config, dest: str, flag: str) -> str:
     return flag if config.getoption(dest) is not None else f"{dest} (ini)"
 
 
-def _number(config: pytest.Config, dest: str, flag: str, kind: type[float] | type[int], what: str) -> float:
-    value = _pick(config, dest, dest)
+def _number(
+    config: pytest.Config, dest: str, flag: str, kind: type[float] | type[int], what: str, default: float
+) -> float:
+    value = _pick(config, dest, dest, default)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return kind(value)
     try:
         return kind(str(value).strip())
     except ValueError:
         raise pytest.UsageError(f"{_source(config, dest, flag)}: expected {what}, got {value!r}") from None
-
-
-def parse_allow_line(line: str, rootpath: Path) -> AllowRule:
-    """An allow rule written as one line: event names and `key=value` fields.
-
-    `open os.stat module=myapp.config` allows `open` and `os.stat` calls made
-    under `myapp.config`; `path=vendor/` allows any call from files under
-    `<rootdir>/vendor/`. Values may be quoted (`path="my dir/"`).
-    """
-    try:
-        tokens = shlex.split(line, comments=True)
-    except ValueError as exc:  # unbalanced quotes
-        raise ValueError(str(exc)) from None
-    events: list[str] = []
-    fields: dict[str, str] = {}
-    for token in tokens:
-        key, sep, value = token.partition("=")
-        if not sep:
-            events.append(token)
-        elif key not in ALLOW_KEYS:
-            raise ValueError(
-                f"unknown field {key!r}{did_you_mean(key, ALLOW_KEYS)}: expected event names and module=, path= "
-                "or call_site="
-            )
-        elif key in fields:
-            raise ValueError(f"{key}= given twice")
-        else:
-            fields[key] = value
-    return make_rule(events, fields, rootpath)
-
-
-def make_rule(events: list[Any] | tuple[Any, ...], fields: dict[str, Any], rootpath: Path) -> AllowRule:
-    """An `AllowRule`, with a relative `path` taken from the rootdir (raises ValueError)."""
-    unknown = sorted(set(fields) - set(ALLOW_KEYS))
-    if unknown:
-        raise ValueError(
-            f"unknown keyword {unknown[0]!r}{did_you_mean(unknown[0], ALLOW_KEYS)}: expected module=, path= "
-            "or call_site="
-        )
-    path = fields.get("path")
-    if isinstance(path, os.PathLike):
-        path = os.fspath(path)
-    if isinstance(path, str) and path and not os.path.isabs(path):
-        # Allow rules match absolute file names; ini files and tests name paths
-        # from the project root. Keep a trailing separator: it means "under".
-        trailing = os.sep if path.endswith(("/", os.sep)) else ""
-        path = os.path.normpath(os.path.join(str(rootpath), path)) + trailing
-    # Imported here: with no rule to make (the plugin switched off), the plugin loads no part of the detector.
-    from aiocop._allow import AllowRule  # noqa: PLC0415
-
-    try:
-        return AllowRule(tuple(events), fields.get("module"), path, fields.get("call_site"))  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise ValueError(str(exc)) from None
 
 
 def marker_rules(item: pytest.Item) -> tuple[AllowRule, ...]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import linecache
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiocop import _forksafe
@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from aiocop._events import BlockingEventInfo, SlowTaskEvent
 
 STALL = "stall"  # the event name given to a step only the watchdog saw
+_CALLS = "calls"  # the kind of a summary row of blocking calls
+_EVENTS_WIDTH = 48  # the widest the table's events column gets (--json has them all)
 
 
 def call_site(event: SlowTaskEvent) -> str:
@@ -23,6 +25,23 @@ def call_site(event: SlowTaskEvent) -> str:
     if event.blocking_events:
         return event.blocking_events[0]["entry_point"]
     return "unknown"
+
+
+def site_key(site: str) -> str:
+    """`path:line:function` without its line: `path:function` (any other text unchanged).
+
+    A path under the working directory is made relative to it, so that a
+    baseline written in one checkout holds in another.
+    """
+    rest, sep, function = site.rpartition(":")
+    path, sep2, line = rest.rpartition(":")
+    if not (sep and sep2 and line.isdigit()):
+        return site
+    if os.path.isabs(path):
+        cwd = os.path.join(os.getcwd(), "")
+        if path.startswith(cwd):
+            path = path[len(cwd) :].replace(os.sep, "/")
+    return f"{path}:{function}"
 
 
 def app_site(info: BlockingEventInfo) -> str:
@@ -130,22 +149,37 @@ def describe(event: SlowTaskEvent, *, max_calls: int = 10) -> str:
 
 @dataclass
 class SiteStats:
-    """What one call site did to the loop, over a run."""
+    """What one application line did to the loop, over a run: its blocking calls, or its stalls."""
 
     call_site: str
-    event: str
-    count: int = 0
+    kind: str  # "calls" or STALL
+    events: dict[str, int] = field(default_factory=dict)  # event name -> calls
     steps: int = 0
     total_ms: float = 0.0
     worst_ms: float = 0.0
     impact: str = "low"  # the highest impact of those steps (SlowTaskEvent.impact)
     example_trace: str = ""
     shared: bool = False  # a step of this row had other rows' calls too: its time is not this row's alone
+    known: bool | None = None  # in the baseline (None: no baseline given)
+
+    @property
+    def count(self) -> int:
+        """Calls (or stalls) at this line."""
+        return sum(self.events.values())
+
+    @property
+    def event(self) -> str:
+        """The events, most frequent first, with their counts if more than one: `import (56), socket.connect`."""
+        if len(self.events) == 1:
+            return next(iter(self.events))  # the count column says how many
+        ranked = sorted(self.events.items(), key=lambda item: (-item[1], item[0]))
+        return ", ".join(name if n == 1 else f"{name} ({n})" for name, n in ranked)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "call_site": self.call_site,
             "event": self.event,
+            "events": dict(self.events),
             "count": self.count,
             "steps": self.steps,
             "total_ms": round(self.total_ms, 3),
@@ -153,18 +187,25 @@ class SiteStats:
             "step_shared": self.shared,
             "impact": self.impact,
             "example_trace": self.example_trace,
+            **({} if self.known is None else {"known": self.known}),
         }
 
 
 class Summary:
-    """Events aggregated per (call site, event name): a callback, thread-safe.
+    """Events aggregated per application line: a callback, thread-safe.
 
-    A step's duration (the time it held the loop) is counted once per row the
-    step touches: `total_ms` is the loop time lost in steps where the call
-    site blocked, not the time of the calls alone (which aiocop does not time).
+    One row per line of the application that led to blocking calls (every
+    call it led to, whatever the event: one cause, one row), and one per line
+    where the loop stalled. A step's duration (the time it held the loop) is
+    counted once per row the step touches: `total_ms` is the loop time lost in
+    steps where the line blocked, not the time of the calls alone (which
+    aiocop does not time).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, baseline: frozenset[tuple[str, str]] | None = None) -> None:
+        # (event, "path:function") keys of call sites known to block (see
+        # _baseline): their rows are marked, and fail nothing.
+        self.baseline = baseline
         self._rows: dict[tuple[str, str], SiteStats] = {}
         self._lock = _forksafe.lock()
         self.events = 0
@@ -177,18 +218,24 @@ class Summary:
             touched: set[tuple[str, str]] = set()
             if event.reason == "cpu_blocking":
                 samples = event.cpu_stack_samples
-                self._row((call_site(event), STALL), event, touched, samples[0]["trace"] if samples else "")
+                self._row((call_site(event), STALL), STALL, event, touched, samples[0]["trace"] if samples else "")
             for info in event.blocking_events:
-                self._row((app_site(info), info.get("name", info["event"])), event, touched, info["trace"])
+                name = info.get("name", info["event"])
+                self._row((app_site(info), _CALLS), name, event, touched, info["trace"])
             if len(touched) > 1:  # one step, several rows: each shows the whole step's time
                 for key in touched:
                     self._rows[key].shared = True
 
-    def _row(self, key: tuple[str, str], event: SlowTaskEvent, touched: set[tuple[str, str]], trace: str) -> None:
+    def _row(
+        self, key: tuple[str, str], name: str, event: SlowTaskEvent, touched: set[tuple[str, str]], trace: str
+    ) -> None:
         row = self._rows.get(key)
         if row is None:
             row = self._rows[key] = SiteStats(*key, example_trace=trace)
-        row.count += 1
+        if name not in row.events and self.baseline is not None:
+            # Known only while every event of the line is in the baseline.
+            row.known = (row.known is not False) and (name, site_key(key[0])) in self.baseline
+        row.events[name] = row.events.get(name, 0) + 1
         if key not in touched:
             touched.add(key)
             row.steps += 1
@@ -201,12 +248,21 @@ class Summary:
         """The rows, most loop time lost first."""
         with self._lock:
             rows = list(self._rows.values())
-        return sorted(rows, key=lambda r: (-r.total_ms, -r.count, r.call_site, r.event))
+        return sorted(rows, key=lambda r: (-r.total_ms, -r.count, r.call_site, r.kind))
 
-    def worst_level(self) -> str | None:
-        """The highest impact seen, or `None` when nothing was reported."""
-        rows = self.rows()
+    def worst_level(self, *, new_only: bool = False) -> str | None:
+        """The highest impact seen (of call sites not in the baseline: `new_only`), or `None`."""
+        rows = [r for r in self.rows() if not (new_only and r.known)]
         return max((r.impact for r in rows), key=level_rank) if rows else None
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """How many times each call site was seen, by baseline key (event, `path:function`)."""
+        counts: dict[tuple[str, str], int] = {}
+        for row in self.rows():
+            for name, n in row.events.items():
+                key = (name, site_key(row.call_site))
+                counts[key] = counts.get(key, 0) + n
+        return counts
 
     def render(self, limit: int | None = None) -> str:
         """The rows as a plain-text table."""
@@ -216,10 +272,14 @@ class Summary:
         shown = rows if limit is None else rows[:limit]
         # The times are the steps', not the calls' (aiocop does not time a
         # call): the headers say so, and the note under the table.
-        headers = ("call site", "event", "count", "steps ms", "worst step ms", "impact")
-        table = [
-            (r.call_site, r.event, str(r.count), f"{r.total_ms:.1f}", f"{r.worst_ms:.1f}", r.impact) for r in shown
+        headers: tuple[str, ...] = ("call site", "events", "count", "steps ms", "worst step ms", "impact")
+        table: list[tuple[str, ...]] = [
+            (r.call_site, _shorten(r.event), str(r.count), f"{r.total_ms:.1f}", f"{r.worst_ms:.1f}", r.impact)
+            for r in shown
         ]
+        if self.baseline is not None:
+            headers += ("baseline",)
+            table = [(*cells, "known" if r.known else "NEW") for cells, r in zip(table, shown, strict=True)]
         widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
         numeric = {2, 3, 4}
 
@@ -228,8 +288,8 @@ class Summary:
                 c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
             )
 
-        calls = sum(r.count for r in rows if r.event != STALL)
-        stalls = sum(r.count for r in rows if r.event == STALL)
+        calls = sum(r.count for r in rows if r.kind != STALL)
+        stalls = sum(r.count for r in rows if r.kind == STALL)
         out = [
             f"aiocop: {calls} blocking call(s) and {stalls} stall(s) at {len(rows)} call site(s), "
             f"most loop time lost first:",
@@ -248,6 +308,9 @@ class Summary:
             )
         if self.dropped_calls:
             out.append(f"({self.dropped_calls} calls beyond the per-step buffer were counted but not itemised)")
+        if self.baseline is not None:
+            known = sum(1 for r in rows if r.known)
+            out.append(f"({known} of {len(rows)} call site(s) are in the baseline; only new ones can fail the run)")
         return "\n".join(out)
 
     def to_dict(self) -> dict[str, Any]:
@@ -257,3 +320,16 @@ class Summary:
             "worst_impact": self.worst_level(),
             "call_sites": [r.to_dict() for r in self.rows()],
         }
+
+
+def _shorten(events: str) -> str:
+    """The events column: cut at a comma to fit, saying how many more there are."""
+    if len(events) <= _EVENTS_WIDTH:
+        return events
+    names = events.split(", ")
+    shown: list[str] = []
+    for name in names:
+        if len(", ".join([*shown, name])) > _EVENTS_WIDTH - 10 and shown:
+            break
+        shown.append(name)
+    return ", ".join(shown) + f", +{len(names) - len(shown)} more"

@@ -36,7 +36,7 @@ from random import random as _random  # the module's generator: reseeded in each
 from typing import Any, NamedTuple
 
 from aiocop import _callbacks, _state
-from aiocop._api import monitored
+from aiocop._api import configured, monitored
 from aiocop._validate import check_callable
 
 __all__ = [
@@ -160,7 +160,9 @@ class AiocopMiddleware:
     Args:
         app: The ASGI application to wrap.
         sample_rate: Fraction of requests to watch, from `0.0` (none) to `1.0`
-            (all, the default). Drawn with `random.random()` per request.
+            (all). Drawn with `random.random()` per request. Default:
+            `sample_rate` in `[tool.aiocop]` if `aiocop.configure()` read
+            one, else `1.0`.
         sampler: Called with the request's scope: returns `True` to watch the
             request, `False` not to, or `None` to leave it to `sample_rate`. If
             it raises, the request is served unwatched and the error logged.
@@ -179,7 +181,7 @@ class AiocopMiddleware:
         self,
         app: ASGIApp,
         *,
-        sample_rate: float = 1.0,
+        sample_rate: float | None = None,
         sampler: Sampler | None = None,
         request_id_header: str | None = "x-request-id",
     ) -> None:
@@ -191,6 +193,10 @@ class AiocopMiddleware:
         if sampler is not None:
             check_callable("sampler", sampler, 1)
         self.app = app
+        if sample_rate is None:
+            # As `[tool.aiocop]` says, if aiocop.configure() read it; else every request.
+            project = configured()
+            sample_rate = project.sample_rate if project is not None and project.sample_rate is not None else 1.0
         self._rate = _check_sample_rate(sample_rate)
         self._sampler = sampler
         self._header = _check_header(request_id_header)

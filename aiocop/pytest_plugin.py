@@ -65,8 +65,12 @@ class _Session:
 
         self.settings = settings
         self.recorder: Recorder = Recorder()
+        # With --aiocop-write-baseline: how many times each call site failed a test.
+        self.seen: dict[tuple[str, str], int] = {}
 
     def start(self) -> None:
+        from aiocop._frames import set_app_paths
+
         settings = self.settings
         aiocop.start_blocking_io_detection(trace_depth=settings.trace_depth)
         if settings.threshold_ms is not None:
@@ -74,12 +78,27 @@ class _Session:
         aiocop.register_slow_task_callback(self.recorder)
         for rule in settings.allow:
             aiocop.add_allow_rule(rule)
+        set_app_paths(settings.app_paths, settings.library_paths)
 
     def stop(self) -> None:
+        from aiocop._frames import set_app_paths
+
         aiocop.unregister_slow_task_callback(self.recorder)
         for rule in self.settings.allow:
             aiocop.remove_allow_rule(rule)
+        set_app_paths((), ())
         aiocop.stop()
+
+    def write_baseline(self) -> str:
+        from aiocop import _baseline
+
+        path = self.settings.write_baseline
+        assert path is not None
+        try:
+            _baseline.write(path, self.seen)
+        except OSError as exc:
+            return f"aiocop: could not write the baseline {path}: {exc}"
+        return f"aiocop: wrote {len(self.seen)} call site(s) to the baseline {path}"
 
 
 @dataclass
@@ -121,6 +140,12 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     session = config.stash.get(_SESSION, None)
     return [session.settings.header()] if session is not None else []
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    session = config.stash.get(_SESSION, None)
+    if session is not None and session.settings.write_baseline is not None:
+        terminalreporter.write_line(session.write_baseline())
 
 
 @pytest.hookimpl(trylast=True)
@@ -193,7 +218,7 @@ def _watch(item: pytest.Item, phase: str) -> Generator[None, object, object]:
     except BaseException:
         # The test failed (or was skipped) for its own reasons: still say
         # what blocked, beside the traceback.
-        bad = _failing(state, phase, settings) if state.checked(phase) else []
+        bad = _verdict(session, _failing(state, phase, settings) if state.checked(phase) else [])
         if bad:
             item.add_report_section(phase, "aiocop", _message(bad, phase, settings.fail_on, settings.threshold_ms))
         raise
@@ -202,10 +227,22 @@ def _watch(item: pytest.Item, phase: str) -> Generator[None, object, object]:
             for rule in state.rules:
                 aiocop.remove_allow_rule(rule)
     if state.checked(phase):
-        bad = _failing(state, phase, settings)
+        bad = _verdict(session, _failing(state, phase, settings))
         if bad:
             pytest.fail(_message(bad, phase, settings.fail_on, settings.threshold_ms), pytrace=False)
     return result
+
+
+def _verdict(session: _Session, bad: list[SlowTaskEvent]) -> list[SlowTaskEvent]:
+    """The events that fail the test: none while recording a baseline, which takes their call sites instead."""
+    if not bad or session.settings.write_baseline is None:
+        return bad
+    from aiocop._baseline import count
+    from aiocop._pytest_events import baseline_keys
+
+    for event in bad:
+        count(baseline_keys(event), session.seen)
+    return []
 
 
 def _message(bad: list[SlowTaskEvent], phase: str, fail_on: str, threshold_ms: float | None) -> str:
@@ -218,7 +255,11 @@ def _failing(state: _TestState, phase: str, settings: Settings) -> list[SlowTask
     from aiocop._pytest_events import failing  # loaded with the session: no cost here
 
     return failing(
-        state.events[phase], settings.fail_on, settings.threshold_ms is not None, (*settings.allow, *state.rules)
+        state.events[phase],
+        settings.fail_on,
+        settings.threshold_ms is not None,
+        (*settings.allow, *state.rules),
+        settings.baseline,
     )
 
 

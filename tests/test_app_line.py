@@ -119,3 +119,56 @@ def test_a_stall_inside_a_library_is_reported_at_the_application_line(
     assert event.reason == "cpu_blocking"
     assert event.call_site == f"tests/test_app_line.py:{_line(handler, '# APP SPINS')}:handler"
     assert "fakelib_for_aiocop.py" in event.cpu_stack_samples[0]["entry_point"]
+
+
+SERVER = {
+    "fakeserver_for_aiocop/__init__.py": """
+import importlib
+
+
+def start(protocol):
+    return importlib.import_module(protocol)  # SERVER IMPORTS
+""",
+    "fakeserver_for_aiocop/protocols.py": "import fakeserver_for_aiocop.parser  # nested\n",
+    "fakeserver_for_aiocop/parser.py": "import fakeserver_for_aiocop.tables  # nested again\n",
+    "fakeserver_for_aiocop/tables.py": "TABLE = {}\n",
+}
+
+
+def test_a_library_import_chain_with_no_application_frame_is_one_row_at_its_start(
+    detector: Collector, loop_name: str, tmp_path: Any
+) -> None:
+    # A server started inside a fixture's loop imports its protocol modules
+    # (uvicorn: importlib.import_module() at start-up), and they import the
+    # rest: no application frame is on the stack. One row, at the line that
+    # started the chain, not one per nested module's import statement.
+    site = tmp_path / "lib" / "site-packages"
+    for name, text in SERVER.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(text, encoding="utf-8")
+    sys.path.insert(0, str(site))
+    try:
+        import fakeserver_for_aiocop  # installed just above
+
+        async def main() -> None:
+            # A callback of the library's own: nothing of the application's runs in its step.
+            asyncio.get_running_loop().call_soon(fakeserver_for_aiocop.start, "fakeserver_for_aiocop.protocols")
+            await asyncio.sleep(0.01)
+
+        run_on(loop_name, main())
+    finally:
+        sys.path.remove(str(site))
+        for name in [m for m in sys.modules if m.startswith("fakeserver_for_aiocop")]:
+            del sys.modules[name]
+    first = SERVER["fakeserver_for_aiocop/__init__.py"].splitlines()
+    start = f"fakeserver_for_aiocop/__init__.py:{1 + next(i for i, t in enumerate(first) if 'IMPORTS' in t)}:start"
+    imports = [call for call in detector.calls if call["event"].startswith("import")]
+    # importlib.import_module() raises no import event of its own before 3.15: the nested ones are the test.
+    assert {"import(fakeserver_for_aiocop.parser)", "import(fakeserver_for_aiocop.tables)"} <= {
+        call["event"] for call in imports
+    }
+    assert {call["app_site"] for call in imports} == {start}
+    summary = Summary()
+    for event in detector.events:
+        summary(event)
+    assert [(row.call_site, set(row.events)) for row in summary.rows()] == [(start, {"import"})]

@@ -324,7 +324,6 @@ def test_an_outer_decision_is_kept(
         ({"sample_rate": math.nan}, ValueError, "sample_rate must be from"),
         ({"sample_rate": "0.5"}, TypeError, "sample_rate must be a real number from 0.0 to 1.0, not str"),
         ({"sample_rate": True}, TypeError, "sample_rate must be a real number"),
-        ({"sample_rate": None}, TypeError, "sample_rate must be a real number"),
         ({"sampler": 0.5}, TypeError, "sampler must be callable or None, not float"),
         ({"request_id_header": ""}, ValueError, "request_id_header must be a non-empty HTTP header name"),
         ({"request_id_header": "x request id"}, ValueError, "request_id_header must be a non-empty HTTP header name"),

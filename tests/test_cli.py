@@ -52,7 +52,7 @@ def test_runs_a_script_and_prints_call_sites_worst_first(program: Path) -> None:
     assert result.stdout == "program ran with ['a', '--flag'] asyncio\n", "the program's own output is untouched"
     lines = result.stderr.splitlines()
     header = lines.index(next(line for line in lines if line.startswith("call site")))
-    assert lines[header].split() == ["call", "site", "event", "count", "steps", "ms", "worst", "step", "ms", "impact"]
+    assert lines[header].split() == ["call", "site", "events", "count", "steps", "ms", "worst", "step", "ms", "impact"]
     rows = [line.split() for line in lines[header + 2 :]]
     assert [(r[0], r[1], r[2], r[-1]) for r in rows] == [
         ("prog.py:8:main", "time.sleep", "1", "high"),
@@ -70,10 +70,11 @@ def test_json_report(program: Path, tmp_path: Path) -> None:
     assert data["worst_impact"] == "high"
     assert data["program"] == "prog.py"
     sleep, stat = data["call_sites"]
-    assert (sleep["event"], sleep["count"], sleep["steps"], sleep["impact"]) == ("time.sleep", 1, 1, "high")
+    assert (sleep["events"], sleep["count"], sleep["steps"], sleep["impact"]) == ({"time.sleep": 1}, 1, 1, "high")
     assert sleep["worst_ms"] >= 40 * 0.9
     assert sleep["total_ms"] == sleep["worst_ms"]
-    assert (stat["event"], stat["count"], stat["call_site"]) == ("os.stat", 3, "prog.py:6:main")
+    assert (stat["events"], stat["count"], stat["call_site"]) == ({"os.stat": 3}, 3, "prog.py:6:main")
+    assert stat["event"] == "os.stat"
     assert stat["example_trace"] == "prog.py:6:main"
 
 
@@ -288,7 +289,7 @@ def test_the_demo_catches_every_planted_call() -> None:
         rows = json.loads(report.read_text())["call_sites"]
     finally:
         report.unlink(missing_ok=True)
-    found = {(r["call_site"].rsplit(":", 1)[1], r["event"]) for r in rows}
+    found = {(r["call_site"].rsplit(":", 1)[1], event) for r in rows for event in r["events"]}
     assert found == {
         ("render", "open"),
         ("health", "os.stat"),
