@@ -6,6 +6,11 @@ import aiocop
 aiocop.start_blocking_io_detection()
 aiocop.detect_slow_tasks(threshold_ms=30, on_slow_task=print)
 ```
+
+PYTEST_DONT_REWRITE: aiocop is a pytest plugin, and `python -m aiocop run -m
+pytest` imports it before pytest starts; without this marker pytest warns that
+it cannot rewrite its asserts, which fails every suite that turns warnings
+into errors.
 """
 
 from __future__ import annotations

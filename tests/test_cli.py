@@ -322,3 +322,28 @@ def test_a_forked_child_that_returns_prints_no_second_summary(tmp_path: Path) ->
     result = aiocop_run("run", script)
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("call site(s), most loop time lost first") == 1, result.stderr
+
+
+def test_a_test_suite_that_turns_warnings_into_errors_runs_under_the_cli(tmp_path: Path) -> None:
+    # aiocop is a pytest plugin, imported by the CLI before pytest starts:
+    # pytest warned it could not rewrite its asserts, and a suite with
+    # filterwarnings = error stopped before its first test.
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\nfilterwarnings = ["error"]\nasyncio_default_fixture_loop_scope = "function"\n'
+    )
+    (tmp_path / "test_app.py").write_text(
+        textwrap.dedent("""\
+            import asyncio, os
+
+
+            def test_app():
+                async def main():
+                    os.stat(".")
+
+                asyncio.run(main())
+            """)
+    )
+    result = aiocop_run("run", "-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout
+    assert "test_app.py:6:main" in result.stderr
