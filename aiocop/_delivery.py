@@ -20,7 +20,7 @@ from queue import SimpleQueue
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-from aiocop import _callbacks, _forksafe, _hook, _loops, _state, _watchdog
+from aiocop import _callbacks, _forksafe, _harmless, _hook, _loops, _state, _watchdog
 from aiocop._events import BlockingEventInfo, CpuStackSample, RawBlockingEvent, SlowTaskEvent
 from aiocop._exceptions import HighSeverityBlockingIoException
 from aiocop._frames import format_frame, is_app_file, is_internal_file
@@ -275,6 +275,7 @@ def _deliver(group: StepGroup, origin: _Origin) -> None:
         return  # reset_blocking_events() emptied it
     task = group.task
     try:
+        _harmless.note_failed_imports(group.records)
         event = _lazy_event(
             origin,
             group,

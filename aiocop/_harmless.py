@@ -86,6 +86,8 @@ def any_matches(
             continue
         if rule.arg0_socket_file and not _socket_file(args):
             continue
+        if rule.arg0_failed_import and not (args and args[0] in failed_imports):
+            continue
         if rule.inside_modules:
             if below is None:
                 below = _modules_below(caller, edge)
@@ -95,6 +97,23 @@ def any_matches(
             continue
         return True
     return False
+
+
+# Modules whose import failed (not in sys.modules once the step that imported
+# them was over): an optional dependency that is not installed, which a
+# library tries again on every call. Bounded, as the other caches.
+failed_imports: set[str] = set()
+
+
+def note_failed_imports(records: list[Any]) -> None:
+    """After a step: remember the modules it failed to import (called on delivery, off the hot path)."""
+    for record in records:
+        if record[0] == "import" and record[1]:
+            name = record[1][0]
+            if isinstance(name, str) and name not in sys.modules:
+                if len(failed_imports) >= _frames.MAX_CACHED_MODULES:
+                    failed_imports.clear()
+                failed_imports.add(name)
 
 
 def _arg0_matches(rule: HarmlessRule, args: tuple[Any, ...]) -> bool:

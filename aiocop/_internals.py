@@ -62,6 +62,9 @@ class HarmlessRule:
       these prefixes;
     * `arg0_stdlib`: the first argument names a stdlib module;
     * `arg0_socket_file`: the first argument is the path of a Unix socket file;
+    * `arg0_failed_import`: the first argument names a module whose import
+      failed before in this process (it was not importable when the step
+      that tried ended);
     * `imported_by_c`: the caller's current instruction is not an import
       statement (the import was made for it, by a function written in C);
     * `debug_loop_only`: the running loop is in debug mode.
@@ -76,6 +79,7 @@ class HarmlessRule:
     arg0_prefixes: tuple[str, ...] = ()
     arg0_stdlib: bool = False
     arg0_socket_file: bool = False
+    arg0_failed_import: bool = False
     imported_by_c: bool = False
     debug_loop_only: bool = False
     caller_prefixes: tuple[str, ...] = field(init=False, repr=False, compare=False)
@@ -128,6 +132,12 @@ HARMLESS: tuple[HarmlessRule, ...] = (
         arg0_socket_file=True,
         reason="removing a stale Unix socket file (a loop written in C does it in `create_unix_server`, "
         "from C: the event shows the application's line)",
+    ),
+    HarmlessRule(
+        event=("import",),
+        arg0_failed_import=True,
+        reason="an optional module that is not installed, tried again (httpcore's `import sniffio` on every "
+        "request): only its first, failed, search of `sys.path` is reported",
     ),
     HarmlessRule(
         event=("import",),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import linecache
 import os
 import socket
@@ -191,6 +192,27 @@ def test_a_stdlib_module_imported_on_first_use_by_c_code() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["import _pydecimal"], result.stdout
+
+
+def test_an_optional_module_that_is_not_installed_is_reported_once(detector: Collector, loop_name: str) -> None:
+    # httpcore tries `import sniffio` on every request and carries on without
+    # it: the first failed search of sys.path is real blocking and reported;
+    # the same failure again, on every request, is not.
+    missing = f"aiocop_optional_module_not_installed_{loop_name}"  # a new name per run: failures are remembered
+
+    async def request() -> None:
+        with contextlib.suppress(ImportError):
+            __import__(missing)  # as `import missing`, with a name made at run time
+        await asyncio.sleep(0)
+
+    async def main() -> None:
+        for _ in range(3):
+            await request()
+        await asyncio.sleep(0)  # the last step's delivery
+
+    run_on(loop_name, main())
+    assert detector.names() == ["import"], detector.calls
+    assert missing in detector.calls[0]["event"]
 
 
 def test_source_lines_read_to_format_a_traceback(detector: Collector, loop_name: str) -> None:
