@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 STALL = "stall"  # the event name given to a step only the watchdog saw
 _CALLS = "calls"  # the kind of a summary row of blocking calls
-_EVENTS_WIDTH = 48  # the widest the table's events column gets (--json has them all)
+_EVENTS_WIDTH = 56  # the widest the table's events column gets (--json has them all)
 
 
 def call_site(event: SlowTaskEvent) -> str:
