@@ -154,8 +154,13 @@ _LAZY: dict[str, str] = {
 }
 
 
+# Names 1.x had at the top level besides its API, for 1.x code that reads
+# them: its author, and `importlib.metadata.metadata`, imported there.
+_FROM_1X: dict[str, str] = {"__author__": "aiocop._version", "metadata": "importlib.metadata"}
+
+
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
+    module = _LAZY.get(name) or _FROM_1X.get(name)
     if module is None:
         raise AttributeError(f"module 'aiocop' has no attribute {name!r}")
     value = getattr(_import_module(module), name)
