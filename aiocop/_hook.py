@@ -73,9 +73,18 @@ def _positive_delay(args: tuple[Any, ...]) -> bool:
     return isinstance(delay, (int, float)) and delay > 0
 
 
+def _on_disk_database(args: tuple[Any, ...]) -> bool:
+    # sqlite3.connect(":memory:") (or a "file::memory:" URI) reads and writes no file.
+    database: Any = args[0] if args else None
+    if isinstance(database, bytes):
+        database = database.decode(errors="replace")
+    return not (isinstance(database, str) and (database == ":memory:" or database.startswith("file::memory:")))
+
+
 _CONDITIONS: dict[str, Callable[[tuple[Any, ...]], bool]] = {
     "blocking_socket": _blocking_socket,
     "positive_delay": _positive_delay,
+    "on_disk_database": _on_disk_database,
 }
 
 # The hook's lookup: `dict.get` of a table compiled from the live rules, or of

@@ -18,7 +18,7 @@ from typing import Literal
 from aiocop._severity import WEIGHT_HEAVY, WEIGHT_LIGHT, WEIGHT_MODERATE, WEIGHT_TRIVIAL
 
 Source = Literal["native", "wrapper"]
-Condition = Literal["always", "blocking_socket", "positive_delay"]
+Condition = Literal["always", "blocking_socket", "positive_delay", "on_disk_database"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,8 @@ class BlockingCall:
     """What the event stands for, in a few words."""
     condition: Condition = "always"
     """`"blocking_socket"`: only when the socket (first argument) is in blocking mode;
-    `"positive_delay"`: only when the first argument is a delay above zero."""
+    `"positive_delay"`: only when the first argument is a delay above zero;
+    `"on_disk_database"`: only when the first argument is not an in-memory SQLite database."""
     native_since: tuple[int, int] | None = None
     """For wrapper events: the Python version from which CPython raises the event itself."""
 
@@ -154,7 +155,9 @@ BLOCKING_CALLS: tuple[BlockingCall, ...] = (
     BlockingCall("os.fork", H, "process", "native", "os.fork()"),
     BlockingCall("os.kill", L, "process", "native", "os.kill()"),
     # --- databases ---
-    BlockingCall("sqlite3.connect", M, "database", "native", "sqlite3.connect()"),
+    BlockingCall(
+        "sqlite3.connect", M, "database", "native", "sqlite3.connect() of a database file", "on_disk_database"
+    ),
     # --- miscellaneous ---
     BlockingCall("builtins.input", H, "misc", "native", "input()"),
     BlockingCall(

@@ -10,6 +10,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -96,8 +97,13 @@ def do_pipe_read() -> None:
         os.close(w)
 
 
+# A database file (one in memory reads and writes none: not reported), named
+# at import so that finding the temporary folder is not part of the call.
+SQLITE_FILE = os.path.join(tempfile.gettempdir(), "aiocop-tests.sqlite3")
+
+
 def do_sqlite() -> None:
-    with sqlite3.connect(":memory:") as db:  # BLOCKS
+    with sqlite3.connect(SQLITE_FILE) as db:  # BLOCKS
         db.execute("select 1").fetchall()
     db.close()
 

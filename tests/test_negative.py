@@ -7,12 +7,14 @@ import contextlib
 import linecache
 import os
 import socket
+import sqlite3
 import time
 import traceback
 from typing import Any
 
 import pytest
 
+from tests import blocking_calls
 from tests.blocking_calls import CASES, Case
 from tests.conftest import Collector, run_on, run_python
 
@@ -192,6 +194,16 @@ def test_a_stdlib_module_imported_on_first_use_by_c_code() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["import _pydecimal"], result.stdout
+
+
+def test_an_in_memory_sqlite_database_is_not_a_blocking_call(detector: Collector, loop_name: str) -> None:
+    async def main() -> None:
+        sqlite3.connect(":memory:").close()
+        sqlite3.connect("file::memory:?cache=shared", uri=True).close()
+        sqlite3.connect(blocking_calls.SQLITE_FILE).close()  # a file: reported
+
+    run_on(loop_name, main())
+    assert [call["event"] for call in detector.calls] == [f"sqlite3.connect({blocking_calls.SQLITE_FILE})"]
 
 
 def test_an_optional_module_that_is_not_installed_is_reported_once(detector: Collector, loop_name: str) -> None:
