@@ -93,6 +93,8 @@ def any_matches(
                 below = _modules_below(caller, edge)
             if not _went_through(rule, below):
                 continue
+        if rule.inside_functions and not _inside_function(rule, caller, edge):
+            continue
         if rule.debug_loop_only and not loop.get_debug():
             continue
         return True
@@ -168,6 +170,20 @@ def _modules_below(caller: FrameType, edge: FrameType | None) -> list[object]:
 
 # How far below the caller `_modules_below` looks for the user's frame.
 _MAX_BELOW = 64
+
+
+def _inside_function(rule: HarmlessRule, caller: FrameType, edge: FrameType | None) -> bool:
+    # Only frames of the stdlib are looked at, down to the user's first: a
+    # callback of the user's (rmtree's onerror) is the user's own call.
+    frame: FrameType | None = caller
+    for _ in range(_MAX_BELOW):
+        if frame is None or frame is edge or _frames.frame_kind(frame) != Kind.STDLIB:
+            return False
+        module = frame.f_globals.get("__name__")
+        if f"{module}.{frame.f_code.co_name}" in rule.inside_functions:  # f_code: only stdlib frames
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _went_through(rule: HarmlessRule, modules: list[object]) -> bool:

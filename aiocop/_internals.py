@@ -58,6 +58,8 @@ class HarmlessRule:
     * `caller_functions`: the caller's function name is one of these;
     * `inside_modules`: the call was made by one of these modules, directly or
       through other stdlib or loop code (any frame below the user's);
+    * `inside_functions`: the call was made inside one of these functions
+      (`"module.function"`), directly or through other stdlib code;
     * `arg0_prefixes`: the event's first argument is a string with one of
       these prefixes;
     * `arg0_stdlib`: the first argument names a stdlib module;
@@ -76,6 +78,7 @@ class HarmlessRule:
     caller_internal: bool = False
     caller_functions: tuple[str, ...] = ()
     inside_modules: tuple[str, ...] = ()
+    inside_functions: tuple[str, ...] = ()
     arg0_prefixes: tuple[str, ...] = ()
     arg0_stdlib: bool = False
     arg0_socket_file: bool = False
@@ -93,6 +96,56 @@ class HarmlessRule:
         object.__setattr__(self, "caller_prefixes", tuple(m + "." for m in self.caller_modules))
         object.__setattr__(self, "inside_prefixes", tuple(m + "." for m in self.inside_modules))
 
+
+# The file and directory operations a stdlib function makes inside.
+_FILE_EVENTS: tuple[str, ...] = (
+    "open",
+    "os.access",
+    "os.chmod",
+    "os.chown",
+    "os.getcwd",
+    "os.link",
+    "os.listdir",
+    "os.lstat",
+    "os.mkdir",
+    "os.read",
+    "os.readlink",
+    "os.remove",
+    "os.rename",
+    "os.rmdir",
+    "os.scandir",
+    "os.sendfile",
+    "os.stat",
+    "os.statvfs",
+    "os.symlink",
+    "os.truncate",
+    "os.utime",
+    "os.write",
+)
+# Stdlib functions that raise a detected event of their own before their work:
+# the functions as the stack shows them.
+_REPORTED_COMPOSITES: tuple[str, ...] = (
+    "shutil.copyfile",
+    "shutil.copymode",
+    "shutil.copystat",
+    "shutil.move",
+    "shutil.copytree",
+    "shutil.rmtree",
+    "shutil.make_archive",
+    "shutil.unpack_archive",
+    "tempfile.mkdtemp",
+    "tempfile._mkstemp_inner",
+    "os.walk",
+    "os._walk",  # os.walk's generator before 3.12
+    "os.fwalk",
+    "os._fwalk",
+    "glob.iglob",
+    "glob._iglob",  # glob.iglob's generator
+    "pathlib.glob",
+    "pathlib.rglob",
+    "pathlib._local.glob",
+    "pathlib._local.rglob",
+)
 
 HARMLESS: tuple[HarmlessRule, ...] = (
     HarmlessRule(
@@ -161,6 +214,13 @@ HARMLESS: tuple[HarmlessRule, ...] = (
         inside_modules=("subprocess",),
         reason="the spawn, pipes and waits of `subprocess.run()`/`communicate()`: already reported as "
         "`subprocess.Popen`",
+    ),
+    HarmlessRule(
+        event=_FILE_EVENTS,
+        caller_modules=("shutil", "tempfile", "os", "glob", "pathlib", "posixpath", "ntpath", "genericpath"),
+        inside_functions=_REPORTED_COMPOSITES,
+        reason="the file operations inside a stdlib function whose own event is reported (`shutil.rmtree`, "
+        "`tempfile.mkdtemp`, `os.walk`, ...): one report for the call, not one per file it touches",
     ),
     HarmlessRule(
         event=("threading.Lock.acquire", "threading.Condition.wait"),

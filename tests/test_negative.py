@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import linecache
 import os
+import shutil
 import socket
 import sqlite3
+import tempfile
 import time
 import traceback
 from typing import Any
@@ -194,6 +196,21 @@ def test_a_stdlib_module_imported_on_first_use_by_c_code() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["import _pydecimal"], result.stdout
+
+
+def test_a_stdlib_function_with_an_event_of_its_own_is_one_report(detector: Collector, loop_name: str) -> None:
+    # Each of these raises its own event, then touches many files: a
+    # TemporaryDirectory's exit was shutil.rmtree and six calls inside it.
+    async def main() -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            with open(os.path.join(folder, "a"), "w") as out:
+                out.write("a")
+            shutil.copyfile(os.path.join(folder, "a"), os.path.join(folder, "b"))
+            for _ in os.walk(folder):
+                pass
+
+    run_on(loop_name, main())
+    assert detector.names() == ["tempfile.mkdtemp", "open", "shutil.copyfile", "os.walk", "shutil.rmtree"]
 
 
 def test_an_in_memory_sqlite_database_is_not_a_blocking_call(detector: Collector, loop_name: str) -> None:
