@@ -75,7 +75,6 @@ def any_matches(
     entered a loop written in C, if any (the walk for `inside_modules` stops
     there, as at a Python loop's dispatch frame).
     """
-    below: list[object] | None = None  # the modules the call went through, read once for all rules
     for rule in rules:
         # Reading f_code is an audit event of its own: only for rules that need it.
         if rule.caller_functions and caller.f_code.co_name not in rule.caller_functions:
@@ -88,11 +87,8 @@ def any_matches(
             continue
         if rule.arg0_failed_import and not (args and args[0] in failed_imports):
             continue
-        if rule.inside_modules:
-            if below is None:
-                below = _modules_below(caller, edge)
-            if not _went_through(rule, below):
-                continue
+        if rule.inside_modules and not _went_through(rule, caller, edge):
+            continue
         if rule.inside_functions and not _inside_function(rule, caller, edge):
             continue
         if rule.debug_loop_only and not loop.get_debug():
@@ -151,24 +147,7 @@ def _socket_file(args: tuple[Any, ...]) -> bool:
 _lstat = os.lstat
 
 
-def _modules_below(caller: FrameType, edge: FrameType | None) -> list[object]:
-    """The modules of the step's frames from the caller down to the user's first (the stdlib's and loops')."""
-    modules: list[object] = []
-    module_kinds = _frames._module_kinds
-    frame: FrameType | None = caller
-    while frame is not None and frame is not edge and len(modules) < _MAX_BELOW:
-        module = frame.f_globals.get("__name__")
-        kind = module_kinds.get(module)
-        if kind is None:
-            kind = _frames.frame_kind(frame)
-        if kind == Kind.USER or (kind == Kind.LOOP and _frames.is_step_edge(frame, module)):
-            break
-        modules.append(module)
-        frame = frame.f_back
-    return modules
-
-
-# How far below the caller `_modules_below` looks for the user's frame.
+# How far below the caller the walks for `inside_*` look for the user's frame.
 _MAX_BELOW = 64
 
 
@@ -186,11 +165,21 @@ def _inside_function(rule: HarmlessRule, caller: FrameType, edge: FrameType | No
     return False
 
 
-def _went_through(rule: HarmlessRule, modules: list[object]) -> bool:
-    # Whether a module is one of the rule's is a function of its name:
-    # cached on the rule, bounded as _frames' caches.
+def _went_through(rule: HarmlessRule, caller: FrameType, edge: FrameType | None) -> bool:
+    """Whether the call went through one of the rule's `inside_modules`, below the user's first frame.
+
+    Walks from the caller and stops at the first frame that settles it: in a
+    debug-mode loop the frames under a harmless call are mostly asyncio's,
+    and the rule that names asyncio matches at the first. A module name
+    decides a match: cached on the rule, bounded as _frames' caches.
+    """
     hits = rule.inside_hits
-    for module in modules:
+    module_kinds = _frames._module_kinds
+    frame: FrameType | None = caller
+    for _ in range(_MAX_BELOW):
+        if frame is None or frame is edge:
+            return False
+        module = frame.f_globals.get("__name__")
         hit = hits.get(module)
         if hit is None:
             if len(hits) >= _frames.MAX_CACHED_MODULES:
@@ -198,4 +187,10 @@ def _went_through(rule: HarmlessRule, modules: list[object]) -> bool:
             hit = hits[module] = module_in(module, rule.inside_modules, rule.inside_prefixes)
         if hit:
             return True
+        kind = module_kinds.get(module)
+        if kind is None:
+            kind = _frames.frame_kind(frame)
+        if kind == Kind.USER or (kind == Kind.LOOP and _frames.is_step_edge(frame, module)):
+            return False
+        frame = frame.f_back
     return False

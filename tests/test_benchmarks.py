@@ -196,3 +196,17 @@ def test_watchdog_busy_cost_runs_and_checks_its_events() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]  # non-zero if an event was not delivered
     assert "polling every 2 ms" in done.stdout and "polling every 10 ms" in done.stdout
+
+
+@pytest.mark.timeout(200)
+def test_debug_loop_connect_runs_and_reports_nothing() -> None:
+    # Every call aiocop sees on a debug-mode loop's connect is known-harmless.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "debug_loop_connect.py"), "--rounds", "1", "--connections", "20"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "events reported: 0" in done.stdout, done.stdout
