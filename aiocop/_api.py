@@ -20,6 +20,7 @@ from aiocop._validate import (
     check_int,
     check_ms,
     check_name,
+    check_number,
     did_you_mean,
 )
 
@@ -34,6 +35,8 @@ logger = logging.getLogger("aiocop")
 # The watchdog's intervals are waits of its thread: a watchdog that looks less
 # than once an hour watches nothing, and past ~10^9 s the wait itself fails.
 _HOUR_MS = 3_600_000.0
+# What threshold_ms=0 (a 1.x setting) is taken as.
+_MIN_THRESHOLD_MS = 1.0
 
 
 def start_blocking_io_detection(
@@ -83,27 +86,33 @@ def detect_slow_tasks(
 ) -> None:
     """Report steps that hold their loop for `threshold_ms` or more.
 
-    Starts the stall watchdog (unless `cpu_sampling=False`): a background
-    thread that notices a loop stuck in one step, whatever the cause (CPU-bound
-    code, C extensions, functions bound before patching), samples where it is
-    stuck and reports a `SlowTaskEvent(reason="cpu_blocking")`, or adds the
-    samples to the io event of the same step. Calling again changes the
-    threshold at once.
+    Starts the stall watchdog: a background thread that notices a loop
+    stuck in one step, whatever the cause (CPU-bound code, C extensions,
+    functions bound before patching), samples where it is stuck and reports
+    a `SlowTaskEvent(reason="cpu_blocking")`, or adds the samples to the io
+    event of the same step. Calling again changes the threshold at once.
 
     Args:
         threshold_ms: A step is slow (`exceeded_threshold`) from this many ms.
+            `0` (accepted for 1.x code) is taken as 1 ms, the shortest stall
+            the watchdog times, with a warning.
         on_slow_task: Registered with `register_slow_task_callback`.
-        cpu_sampling: Start the watchdog with default settings if
-            `start_cpu_sampling()` has not started it.
+        cpu_sampling: Whether events carry the stack samples of where the
+            loop was stuck. `False` (as in 1.x): stalls are still reported,
+            without samples.
     """
     check_bool("cpu_sampling", cpu_sampling)
+    if threshold_ms == 0 and not isinstance(threshold_ms, bool):
+        logger.warning("aiocop: detect_slow_tasks(threshold_ms=0) is taken as 1 ms, the shortest stall it times")
+        threshold_ms = _MIN_THRESHOLD_MS
     threshold = check_ms("threshold_ms", threshold_ms)
     if on_slow_task is not None:
         check_callable("on_slow_task", on_slow_task, 1)
     _state.config.threshold_ms = threshold
     if on_slow_task is not None:
         _callbacks.register_slow_task_callback(on_slow_task)
-    if cpu_sampling and not _watchdog.watchdog.running:
+    _watchdog.sampling.share_samples = cpu_sampling
+    if not _watchdog.watchdog.running:
         _start_watchdog()
 
 
@@ -119,7 +128,8 @@ def start_cpu_sampling(
     Args:
         interval_ms: Time between two stack samples of a stuck loop.
         arm_after_ms: Age of a step from which its stack is sampled (default:
-            half the slow-task threshold, following it when it changes).
+            half the slow-task threshold, following it when it changes; `0`:
+            from its start).
         idle_interval_ms: Time between two looks once no loop has done
             anything for half a second (default 100 ms; while loops are active
             the watchdog looks every 4 ms). A stall shorter than this that
@@ -130,13 +140,19 @@ def start_cpu_sampling(
         trace_depth: Frames kept per sample.
     """
     interval = check_ms("interval_ms", interval_ms, _HOUR_MS)
-    arm_after = None if arm_after_ms is None else check_ms("arm_after_ms", arm_after_ms, _HOUR_MS)
+    # 0 (1.x accepted it): sample a stuck step from its start.
+    arm_after = (
+        None if arm_after_ms is None else check_number("arm_after_ms", arm_after_ms, "milliseconds", allow_zero=True)
+    )
+    if arm_after is not None and arm_after > _HOUR_MS:
+        raise ValueError(f"arm_after_ms must be at most {_HOUR_MS:g} milliseconds, not {arm_after_ms!r}")
     idle_interval = None if idle_interval_ms is None else check_ms("idle_interval_ms", idle_interval_ms, _HOUR_MS)
     max_samples = check_int("max_samples_per_slice", max_samples_per_slice, 1)
     depth = check_int("trace_depth", trace_depth, 1)
     sampling = _watchdog.sampling
     sampling.interval_ms = interval
     sampling.arm_after_ms = arm_after
+    sampling.share_samples = True
     sampling.idle_interval_ms = idle_interval
     sampling.max_samples_per_slice = max_samples
     sampling.trace_depth = depth
@@ -188,8 +204,12 @@ def configured() -> ProjectConfig | None:
 
 
 def is_cpu_sampling_started() -> bool:
-    """Whether the stall watchdog is running."""
-    return _watchdog.watchdog.running
+    """Whether the stall watchdog is running and samples where stalled loops are stuck.
+
+    False after `detect_slow_tasks(cpu_sampling=False)` alone, as in 1.x:
+    stalls are then still reported, without samples.
+    """
+    return _watchdog.watchdog.running and _watchdog.sampling.share_samples
 
 
 def get_slow_task_threshold_ms() -> float:

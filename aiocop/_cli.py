@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import aiocop
-from aiocop import _baseline
+from aiocop import _baseline, _state
 from aiocop._config import ConfigError, load_config, parse_allow_line
 from aiocop._frames import set_app_paths
 from aiocop._report import Summary, describe
@@ -311,9 +311,11 @@ def _default_loop_factory(factory: Callable[[], asyncio.AbstractEventLoop] | Non
 def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> int:
     summary = Summary(resolved.baseline)
     aiocop.start_blocking_io_detection(trace_depth=resolved.trace_depth)
-    aiocop.detect_slow_tasks(
-        threshold_ms=resolved.threshold_ms, on_slow_task=summary, cpu_sampling=not settings.no_watchdog
-    )
+    if settings.no_watchdog:  # intercepted calls only; the threshold still says which steps were slow
+        _state.config.threshold_ms = resolved.threshold_ms
+        aiocop.register_slow_task_callback(summary)
+    else:
+        aiocop.detect_slow_tasks(threshold_ms=resolved.threshold_ms, on_slow_task=summary)
     set_app_paths(resolved.app_paths, resolved.library_paths)
     for rule in resolved.allow:
         aiocop.add_allow_rule(rule)

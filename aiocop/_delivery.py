@@ -207,7 +207,7 @@ def _step_fields(
     threshold_ms = origin.threshold_ms
     raised = group.raised
     events = [format_record(r, origin.wall_offset, r is raised) for r in group.records]
-    samples = format_samples(stall.samples) if stall is not None else []
+    samples = format_samples(stall.samples) if stall is not None and _watchdog.sampling.share_samples else []
     return {
         "elapsed_ms": elapsed_ms,
         "threshold_ms": threshold_ms,
@@ -279,7 +279,7 @@ def _deliver(group: StepGroup, origin: _Origin) -> None:
         event = _lazy_event(
             origin,
             group,
-            _callbacks.capture_context() if _callbacks._providers else None,
+            group.provided if group.provided is not None else _provided_now(),
             task.get_name() if task is not None else None,
             "io_blocking",
         )
@@ -292,6 +292,12 @@ def _deliver(group: StepGroup, origin: _Origin) -> None:
         group.task = group.key = group.ident = group.loop = None
         group.context = _NO_CONTEXT
     _callbacks.invoke_callbacks(event)
+
+
+def _provided_now() -> dict[str, Any] | None:
+    # Providers registered after the step's first blocking call: run now, in
+    # (a copy of) the step's context.
+    return _callbacks.capture_context() if _callbacks._providers else None
 
 
 def flush(batch: list[StepGroup]) -> None:
@@ -393,6 +399,9 @@ def _attach_to_io(watch: LoopWatch, stall: Stall) -> bool:
 
 
 def _report_stall(stall: Stall) -> None:
+    if not _state.active:
+        stall.release()
+        return  # deactivate() pauses stall reports too, as it pauses everything else
     seen = stall.task or _watchdog.StalledTask.of(stall.watch.loop, stall.root)
     stall.release()  # the task is known: the event keeps no frame (and its locals), task or context alive
     if not seen.monitored:

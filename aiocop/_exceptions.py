@@ -40,13 +40,29 @@ class HighSeverityBlockingIoException(Exception):  # noqa: N818 - public 1.x nam
         super().__init__(self._format_message())
 
     def _format_message(self) -> str:
+        # 1.x's layout (its header is what 1.x users grep their logs and CI
+        # output for), with the application's line of each call. Events made
+        # by hand may carry only some keys.
+        rule = "=" * 80
         lines = [
-            "blocking call in async code "
-            f"(severity {self.severity_level}, score {self.severity_score}, "
-            f"{self.elapsed_ms:.2f} ms since the step's first blocking call)",
+            "",
+            rule,
+            "HIGH SEVERITY BLOCKING I/O DETECTED",
+            rule,
+            "Blocking call in async code, stopped before it ran:",
+            f"  - Severity Score: {self.severity_score}",
+            f"  - Severity Level: {self.severity_level}",
+            f"  - Elapsed Time: {self.elapsed_ms:.2f}ms (since the step's first blocking call)",
+            f"  - Threshold: {self.threshold_ms:.2f}ms",
+            "",
+            "Blocking I/O Events:",
         ]
-        for event in self.events:
-            lines.append(f"  - {event['event']}")
-            lines.append(f"    at {event['entry_point']}")
-            lines.append(f"    trace: {event['trace']}")
+        for event in self.events or ():
+            lines.append(f"  - {event.get('event', '?')}")
+            where = event.get("app_site") or event.get("entry_point")
+            if where:
+                lines.append(f"    at {where}")
+            if event.get("trace"):
+                lines.append(f"    trace: {event['trace']}")
+        lines.append(rule)
         return "\n".join(lines)

@@ -28,7 +28,7 @@ from contextvars import Context, copy_context
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-from aiocop import _allow, _frames, _harmless, _rules, _state, _wrappers
+from aiocop import _allow, _callbacks, _frames, _harmless, _rules, _state, _wrappers
 from aiocop._frames import Kind
 
 if TYPE_CHECKING:
@@ -241,6 +241,10 @@ class StepGroup:
     t_end = 0.0  # perf_counter() when the step was seen to be over
     raised: Record | None = None  # the call raise_on_violations failed first
     stall: Any = None  # the watchdog's view of this step, if it stalled
+    # What the context providers returned at the step's first blocking call,
+    # inside the step (as 1.x did): a provider may read state that is gone
+    # once the step is over. None: no provider was registered then.
+    provided: dict[str, Any] | None = None
 
 
 # Groups scheduled for delivery and not yet delivered. Whoever pops a
@@ -368,6 +372,12 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
         frame = frame.f_back
     if not frames:
         return None
+    if ident is None and outer is root and root is not None:
+        # The walk stopped at the task's coroutine frame (the loop started
+        # before aiocop saw it): name the step as the watchdog does, by
+        # asyncio's dispatch frame just outside, so that a stall of this very
+        # step joins its event rather than cutting it short.
+        ident = _dispatch_outside(root)
 
     # Only a call to report pays for the trace: the first `trace_depth`
     # frames as (code, f_lasti), the user's frame and the application's,
@@ -416,6 +426,8 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
         group.thread_id = state.thread_id
         group.thread_name = state.thread_name
         group.context = copy_context()
+        if _callbacks._providers:
+            group.provided = _callbacks.capture_context()  # under `busy`: their own calls are not the app's
         group.records = []
         group.t_first = now
         unclaimed[group] = group
@@ -440,6 +452,18 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
         group.dropped += 1
     group.score += weight
     return group, record
+
+
+def _dispatch_outside(root: FrameType) -> FrameType | None:
+    """asyncio's `Handle._run` frame a few frames outside a task's coroutine frame, if there is one."""
+    frame = root.f_back
+    for _ in range(4):  # Task.__step_run_and_handle_result, Task.__step, Context.run, Handle._run
+        if frame is None:
+            return None
+        if frame.f_globals.get("__name__") == _ASYNCIO_DISPATCH and _frames.is_step_edge(frame, _ASYNCIO_DISPATCH):
+            return frame
+        frame = frame.f_back
+    return None
 
 
 # The kinds as plain ints for the walk: reading an enum member is a class

@@ -70,6 +70,9 @@ class SamplingConfig:
     busy_poll_ms: float = 2.0
     max_samples_per_slice: int = 32
     trace_depth: int = 20
+    # detect_slow_tasks(cpu_sampling=False): stalls are still found (as 1.x
+    # found them, by timing), but events carry no stack samples.
+    share_samples: bool = True
 
     def arm_after_s(self) -> float:
         if self.arm_after_ms is not None:

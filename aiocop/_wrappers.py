@@ -455,8 +455,9 @@ def patch_audit_functions(exclude: Iterable[str] = ()) -> None:
 
     Called by `start_blocking_io_detection()`; call it yourself only to
     exclude some targets (names as in `get_patched_functions()`). Calling it
-    again re-applies the patches with the new exclusions; `stop()` restores
-    every original.
+    again with other exclusions re-applies the patches; with the same ones it
+    changes nothing and logs a warning, as 1.x did. `stop()` restores every
+    original.
 
     Args:
         exclude: Targets not to wrap, e.g. `["threading.Lock.acquire"]`.
@@ -472,7 +473,14 @@ def patch_audit_functions(exclude: Iterable[str] = ()) -> None:
     unknown = excluded - {t.name for t in PATCH_TARGETS}
     if unknown:
         raise ValueError(f"unknown patch target(s) {sorted(unknown)}; see aiocop.get_patched_functions()")
+    global _applied_exclusions
+    if _applied and excluded == _applied_exclusions:
+        # As 1.x: the same call again changes nothing (and the patched
+        # functions keep their identity); other exclusions re-apply.
+        logger.warning("aiocop: patch_audit_functions called more than once with the same exclusions; ignored")
+        return
     unpatch_audit_functions()
+    _applied_exclusions = frozenset(excluded)
     global _audit_hook
     from aiocop._hook import audit_hook  # noqa: PLC0415 - _hook imports this module
 
@@ -495,6 +503,10 @@ def patch_audit_functions(exclude: Iterable[str] = ()) -> None:
             continue
         feature_sets = _join_feature_sets(original, wrapper) if owner is os else []
         _applied.append(_Patch(target, owner, original, own_attr, wrapper, feature_sets))
+
+
+# The exclusions the patches in force were applied with.
+_applied_exclusions: frozenset[str] = frozenset()
 
 
 def unpatch_audit_functions() -> None:

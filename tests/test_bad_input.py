@@ -64,10 +64,11 @@ def rows(function: str, call: Callable[[Any], object], names: str, *cases: tuple
     return [Row(function, call, bad, error, names) for bad, error in cases]
 
 
-def ms_cases() -> tuple[tuple[Any, type[Exception]], ...]:
-    """Bad values for a duration in ms that must be > 0."""
-    return ((0, ValueError), (-1, ValueError), (NAN, ValueError), (INF, ValueError), (-INF, ValueError),
-            ("30", TypeError), (True, TypeError), (None, TypeError), ([30], TypeError))  # fmt: skip
+def ms_cases(zero_ok: bool = False) -> tuple[tuple[Any, type[Exception]], ...]:
+    """Bad values for a duration in ms that must be > 0 (or >= 0, where 1.x accepted 0)."""
+    cases = ((0, ValueError), (-1, ValueError), (NAN, ValueError), (INF, ValueError), (-INF, ValueError),
+             ("30", TypeError), (True, TypeError), (None, TypeError), ([30], TypeError))  # fmt: skip
+    return tuple(c for c in cases if not (zero_ok and c[0] == 0 and c[0] is not True))
 
 
 def count_cases(zero_ok: bool = False) -> tuple[tuple[Any, type[Exception]], ...]:
@@ -132,14 +133,14 @@ TABLE: list[Row] = [
     *rows("start_blocking_io_detection", lambda v: api.start_blocking_io_detection(max_events_per_step=v),
           "max_events_per_step", *count_cases()),
     *rows("detect_slow_tasks", lambda v: api.detect_slow_tasks(threshold_ms=v, cpu_sampling=False), "threshold_ms",
-          *ms_cases()),
+          *ms_cases(zero_ok=True)),
     *rows("detect_slow_tasks", lambda v: api.detect_slow_tasks(30, on_slow_task=v, cpu_sampling=False),
           "on_slow_task", *NOT_CALLABLE[1:], (provider, TypeError), (two_arguments, TypeError)),
     *rows("detect_slow_tasks", lambda v: api.detect_slow_tasks(cpu_sampling=v), "cpu_sampling",
           ("yes", TypeError), (1, TypeError), (None, TypeError)),
     *rows("start_cpu_sampling", lambda v: api.start_cpu_sampling(interval_ms=v), "interval_ms", *ms_cases()),
     *rows("start_cpu_sampling", lambda v: api.start_cpu_sampling(arm_after_ms=v), "arm_after_ms",
-          *[c for c in ms_cases() if c[0] is not None]),
+          *[c for c in ms_cases(zero_ok=True) if c[0] is not None]),
     *rows("start_cpu_sampling", lambda v: api.start_cpu_sampling(idle_interval_ms=v), "idle_interval_ms",
           *[c for c in ms_cases() if c[0] is not None], (1e13, ValueError)),
     *rows("start_cpu_sampling", lambda v: api.start_cpu_sampling(interval_ms=v), "interval_ms", (1e13, ValueError)),

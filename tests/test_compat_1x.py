@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import os
+import time
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import aiocop
+from tests.conftest import Collector, reset_aiocop, run_on
+from tests.stalls import spin
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 # Every public name aiocop 1.2.1 defined in each of its modules, from where it
 # defined it (read off its sdist), and the 2.x name it is now; None where the
@@ -118,3 +127,116 @@ def test_the_top_level_names_1x_code_reads() -> None:
 
     assert aiocop.__author__ == "aiocop developers"
     assert aiocop.metadata is importlib.metadata.metadata
+
+
+# --- 1.x behaviour, on the public API (issue 17) ----------------------------------------
+
+
+@pytest.fixture
+def clean() -> Iterator[Collector]:
+    collector = Collector()
+    yield collector
+    reset_aiocop()
+
+
+CURRENT_REQUEST: str | None = None  # a plain global, as 1.x users' providers read (not a contextvar)
+
+
+def test_context_providers_run_at_the_steps_first_blocking_call(clean: Collector, loop_name: str) -> None:
+    # 1.x called providers inside the step, at its first blocking call: a
+    # provider reading plain state (a tracer's current span kept in a
+    # global, a request object) saw the request, not what was left after.
+    global CURRENT_REQUEST
+    aiocop.register_context_provider(lambda: {"request": CURRENT_REQUEST})
+    aiocop.start_blocking_io_detection()
+    aiocop.register_slow_task_callback(clean)
+
+    async def handler() -> None:
+        global CURRENT_REQUEST
+        CURRENT_REQUEST = "req-1"
+        os.stat(".")
+        CURRENT_REQUEST = None  # the request is over by the time the event is delivered
+
+    try:
+        run_on(loop_name, handler())
+    finally:
+        CURRENT_REQUEST = None
+    (event,) = clean.events
+    assert event.context == {"request": "req-1"}
+
+
+def test_the_exception_keeps_the_1x_message_and_takes_events_made_by_hand() -> None:
+    error = aiocop.HighSeverityBlockingIoException(
+        severity_score=50, severity_level="high", elapsed_ms=12.5, threshold_ms=30.0, events=[{"event": "time.sleep"}]
+    )  # type: ignore[list-item]
+    text = str(error)
+    assert "HIGH SEVERITY BLOCKING I/O DETECTED" in text
+    assert "Severity Score: 50" in text and "Severity Level: high" in text and "Threshold: 30.00ms" in text
+    assert "  - time.sleep" in text
+    assert (error.severity_score, error.elapsed_ms, error.events) == (50, 12.5, [{"event": "time.sleep"}])
+
+
+def test_a_blocking_step_of_a_loop_started_before_detection_is_one_event(clean: Collector) -> None:
+    # Set up inside a running asyncio loop (aiocop never saw it start), with
+    # the watchdog on: a 100 ms sleep was reported as a 0.05 ms io event and
+    # a separate stall. One event, the step's whole length, over threshold.
+    async def main() -> None:
+        aiocop.start_blocking_io_detection()
+        aiocop.detect_slow_tasks(threshold_ms=30, on_slow_task=clean)
+        await asyncio.sleep(0.05)  # the watchdog finds the loop
+        time.sleep(0.1)  # 3x the threshold
+        await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+    (event,) = clean.settle(1)
+    assert event.reason == "io_blocking"
+    assert event.exceeded_threshold and event.elapsed_ms >= 90, event.elapsed_ms
+
+
+def test_patching_twice_with_the_same_arguments_changes_nothing(clean: Collector, caplog: Any) -> None:
+    aiocop.patch_audit_functions()
+    before = os.getcwd
+    with caplog.at_level("WARNING", logger="aiocop"):
+        aiocop.patch_audit_functions()
+    assert os.getcwd is before
+    assert "patch_audit_functions called more than once" in caplog.text
+    aiocop.patch_audit_functions(exclude=["os.getcwd"])  # other exclusions: applied
+    assert "os.getcwd" not in aiocop.get_patched_functions()
+
+
+def test_deactivate_pauses_stall_reports_too(clean: Collector) -> None:
+    aiocop.start_blocking_io_detection()
+    aiocop.detect_slow_tasks(threshold_ms=30, on_slow_task=clean)
+
+    async def main() -> None:
+        await asyncio.sleep(0.05)
+        spin(0.1)  # 3x the threshold
+        await asyncio.sleep(0.05)
+
+    aiocop.deactivate()
+    asyncio.run(main())
+    aiocop.activate()
+    asyncio.run(main())
+    (event,) = clean.settle(1)  # the second run's only
+    assert event.reason == "cpu_blocking"
+
+
+def test_stalls_without_samples_and_zero_settings(clean: Collector, caplog: Any) -> None:
+    # 1.x: cpu_sampling=False still reported stalls, without stack samples;
+    # threshold_ms=0 and arm_after_ms=0 were accepted.
+    with caplog.at_level("WARNING", logger="aiocop"):
+        aiocop.detect_slow_tasks(threshold_ms=0, cpu_sampling=False)
+    assert aiocop.get_slow_task_threshold_ms() == 1.0 and "threshold_ms=0" in caplog.text
+    aiocop.detect_slow_tasks(threshold_ms=30, on_slow_task=clean, cpu_sampling=False)
+    assert not aiocop.is_cpu_sampling_started()
+
+    async def main() -> None:
+        await asyncio.sleep(0.05)
+        spin(0.1)
+        await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+    (event,) = clean.settle(1)
+    assert (event.reason, event.cpu_stack_samples) == ("cpu_blocking", [])
+    aiocop.start_cpu_sampling(arm_after_ms=0)
+    assert aiocop.is_cpu_sampling_started()
