@@ -14,7 +14,15 @@ from aiocop._severity import WEIGHT_HEAVY, WEIGHT_LIGHT, WEIGHT_MODERATE
 from aiocop._wrappers import PATCH_TARGETS
 
 _WEIGHT_NAMES = {WEIGHT_HEAVY: "heavy (50)", WEIGHT_MODERATE: "moderate (10)", WEIGHT_LIGHT: "light (1)"}
-_CONDITIONS = {"blocking_socket": "blocking sockets only", "positive_delay": "delay > 0 only"}
+_CONDITIONS = {
+    "blocking_socket": "blocking sockets only",
+    "positive_delay": "delay > 0 only",
+    "on_disk_database": "not an in-memory database",
+}
+_RAISES = {
+    "never": "reported, never raised by `raise_on_violations`",
+    "delay_over_threshold": "`raise_on_violations` raises only for a delay of the slow-task threshold or more",
+}
 
 
 def _conditions(rule: HarmlessRule) -> list[str]:
@@ -35,6 +43,10 @@ def _conditions(rule: HarmlessRule) -> list[str]:
         conditions.append("the path of a Unix socket file")
     if rule.imported_by_c:
         conditions.append("at a line that makes no import statement")
+    if rule.arg0_failed_import:
+        conditions.append("a module whose import failed before")
+    if rule.inside_functions:
+        conditions.append("made inside " + ", ".join(f"`{f}()`" for f in rule.inside_functions))
     if rule.debug_loop_only:
         conditions.append("the loop is in debug mode")
     return conditions
@@ -69,6 +81,8 @@ def render() -> str:
         what = call.description
         if call.condition in _CONDITIONS:
             what += f" ({_CONDITIONS[call.condition]})"
+        if call.raises in _RAISES:
+            what += f"; {_RAISES[call.raises]}"
         lines.append(f"| `{call.event}` | {weight} | {call.category} | {source} | {what} |")
     lines += [
         "",

@@ -52,12 +52,21 @@ _LOOP_BOUNDARY_EVENTS = ("sys.set_asyncgen_hook_firstiter",)
 
 
 class _Rule:
-    __slots__ = ("boundary", "condition", "weight")
+    __slots__ = ("boundary", "condition", "raises", "weight")
 
-    def __init__(self, weight: int, condition: Callable[[tuple[Any, ...]], bool] | None, boundary: bool) -> None:
+    def __init__(
+        self,
+        weight: int,
+        condition: Callable[[tuple[Any, ...]], bool] | None,
+        boundary: bool,
+        raises: Callable[[tuple[Any, ...]], bool] | None = None,
+    ) -> None:
         self.weight = weight
         self.condition = condition
         self.boundary = boundary
+        # Whether raise_on_violations may stop this call (given its arguments);
+        # None: always. Read only when raising is on.
+        self.raises = raises
 
 
 def _blocking_socket(args: tuple[Any, ...]) -> bool:
@@ -81,6 +90,20 @@ def _on_disk_database(args: tuple[Any, ...]) -> bool:
     return not (isinstance(database, str) and (database == ":memory:" or database.startswith("file::memory:")))
 
 
+def _never(args: tuple[Any, ...]) -> bool:
+    return False
+
+
+def _delay_over_threshold(args: tuple[Any, ...]) -> bool:
+    delay: Any = args[0] if args else None
+    return not isinstance(delay, (int, float)) or delay * 1000.0 >= _state.config.threshold_ms
+
+
+_RAISES: dict[str, Callable[[tuple[Any, ...]], bool]] = {
+    "never": _never,
+    "delay_over_threshold": _delay_over_threshold,
+}
+
 _CONDITIONS: dict[str, Callable[[tuple[Any, ...]], bool]] = {
     "blocking_socket": _blocking_socket,
     "positive_delay": _positive_delay,
@@ -102,7 +125,12 @@ def rebuild() -> None:
         audit_hook.__defaults__ = (_NO_RULES.get,)
         return
     table: dict[str, _Rule] = {
-        event: _Rule(weight, _CONDITIONS.get(_rules.CONDITIONS.get(event, "always")), False)
+        event: _Rule(
+            weight,
+            _CONDITIONS.get(_rules.CONDITIONS.get(event, "always")),
+            False,
+            _RAISES.get(_rules.RAISES.get(event, "always")),
+        )
         for event, weight in _rules.live_weights().items()
     }
     for event in _LOOP_BOUNDARY_EVENTS:
@@ -139,7 +167,12 @@ def audit_hook(event: str, args: tuple[Any, ...], _lookup: Callable[[str], _Rule
         _internal_error()
     finally:
         state.busy = False
-    if captured is not None and rule.weight > 0 and _state.raise_on_violations.get():
+    if (
+        captured is not None
+        and rule.weight > 0
+        and _state.raise_on_violations.get()
+        and (rule.raises is None or rule.raises(args))
+    ):
         _raise_violation(captured)
 
 

@@ -19,6 +19,7 @@ from aiocop._severity import WEIGHT_HEAVY, WEIGHT_LIGHT, WEIGHT_MODERATE, WEIGHT
 
 Source = Literal["native", "wrapper"]
 Condition = Literal["always", "blocking_socket", "positive_delay", "on_disk_database"]
+Raises = Literal["always", "never", "delay_over_threshold"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,11 @@ class BlockingCall:
     `"on_disk_database"`: only when the first argument is not an in-memory SQLite database."""
     native_since: tuple[int, int] | None = None
     """For wrapper events: the Python version from which CPython raises the event itself."""
+    raises: Raises = "always"
+    """Whether `raise_on_violations` stops the call (it is reported either way):
+    `"never"` for imports (a first-use import, or a failing optional one,
+    reads nothing slow enough to fail a request for); `"delay_over_threshold"`
+    for a sleep shorter than the slow-task threshold (as 1.x let it pass)."""
 
 
 H, M, L, T = WEIGHT_HEAVY, WEIGHT_MODERATE, WEIGHT_LIGHT, WEIGHT_TRIVIAL
@@ -55,6 +61,7 @@ BLOCKING_CALLS: tuple[BlockingCall, ...] = (
         "time.sleep() with a positive delay",
         "positive_delay",
         native_since=(3, 13),
+        raises="delay_over_threshold",
     ),
     BlockingCall("select.select", H, "wait", "wrapper", "select.select() with a non-zero timeout"),
     BlockingCall("select.poll", H, "wait", "wrapper", "select.poll().poll() with a non-zero timeout"),
@@ -161,7 +168,12 @@ BLOCKING_CALLS: tuple[BlockingCall, ...] = (
     # --- miscellaneous ---
     BlockingCall("builtins.input", H, "misc", "native", "input()"),
     BlockingCall(
-        "import", H, "misc", "native", "an import statement that loads a module (not one already in sys.modules)"
+        "import",
+        H,
+        "misc",
+        "native",
+        "an import statement that loads a module (not one already in sys.modules)",
+        raises="never",
     ),
     BlockingCall("syslog.syslog", L, "misc", "native", "syslog.syslog()"),
     BlockingCall("syslog.openlog", L, "misc", "native", "syslog.openlog()"),
@@ -173,6 +185,7 @@ del H, M, L, T
 
 DEFAULT_WEIGHTS: dict[str, int] = {call.event: call.weight for call in BLOCKING_CALLS}
 CONDITIONS: dict[str, Condition] = {call.event: call.condition for call in BLOCKING_CALLS if call.condition != "always"}
+RAISES: dict[str, Raises] = {call.event: call.raises for call in BLOCKING_CALLS if call.raises != "always"}
 
 # The live table. Mutated in place (never rebound) so that every reader holds
 # the same dict; the hook compiles its own lookup from it (see _hook.rebuild).

@@ -24,7 +24,7 @@ aiocop.register_slow_task_callback(report)
 
 async def pause() -> None:
     await asyncio.sleep(0)
-    time.sleep(0.001)  # a blocking sleep: severity high on its own
+    time.sleep(0.05)  # a blocking sleep over the 30 ms threshold: severity high on its own
 
 
 async def main() -> None:

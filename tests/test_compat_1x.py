@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
+import subprocess
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -240,3 +242,118 @@ def test_stalls_without_samples_and_zero_settings(clean: Collector, caplog: Any)
     assert (event.reason, event.cpu_stack_samples) == ("cpu_blocking", [])
     aiocop.start_cpu_sampling(arm_after_ms=0)
     assert aiocop.is_cpu_sampling_started()
+
+
+# --- aiocop 1.x's README recipes, unchanged -----------------------------------------------
+
+QUICK_START_1X = """
+import asyncio
+import aiocop
+
+
+def on_slow_task(event):
+    print(f"SLOW TASK DETECTED: {event.elapsed_ms:.1f}ms")
+    print(f"  Severity: {event.severity_level}")
+    for evt in event.blocking_events:
+        print(f"  - {evt['event']} at {evt['entry_point']}")
+
+
+async def blocking_task():
+    # This synchronous open() will block the loop - aiocop will catch it!
+    with open("/dev/null", "w") as f:
+        f.write("data")
+    await asyncio.sleep(0.1)
+
+
+async def main():
+    aiocop.patch_audit_functions()
+    aiocop.start_blocking_io_detection()
+    aiocop.detect_slow_tasks(threshold_ms=10, on_slow_task=on_slow_task)
+    aiocop.activate()
+
+    await asyncio.gather(blocking_task(), blocking_task())
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+"""
+
+
+def test_the_1x_quick_start_runs_unchanged(tmp_path: Any) -> None:
+    script = tmp_path / "test_aiocop.py"
+    script.write_text(QUICK_START_1X)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines.count("  Severity: medium") == 2, result.stdout
+    opens = [line for line in lines if line.startswith("  - open(/dev/null, w")]
+    assert len(opens) == 2 and all(line.endswith("test_aiocop.py:15:blocking_task") for line in opens), lines
+
+
+def test_the_1x_pytest_recipe_with_raise_on_violations(pytester: pytest.Pytester) -> None:
+    # The README's "CI/CD Integration" recipe, on an app with a clean endpoint,
+    # one that sleeps 2 ms, one that tries an optional module that is not
+    # installed (httpcore's `import sniffio`), and one that really blocks.
+    pytester.makeini("[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n")
+    pytester.makeconftest(
+        """
+        import pytest
+        import aiocop
+
+        @pytest.fixture(scope="session", autouse=True)
+        def setup_aiocop():
+            aiocop.patch_audit_functions()
+            aiocop.start_blocking_io_detection()
+            aiocop.detect_slow_tasks(threshold_ms=50)
+            aiocop.activate()
+        """
+    )
+    pytester.makepyfile(
+        test_views="""
+        import time
+
+        import httpx
+        import pytest
+        from starlette.applications import Starlette
+        from starlette.responses import PlainTextResponse
+        from starlette.routing import Route
+
+        import aiocop
+
+        async def clean(request):
+            return PlainTextResponse("ok")
+
+        async def short_sleep(request):
+            time.sleep(0.002)
+            return PlainTextResponse("ok")
+
+        async def optional(request):
+            try:
+                import aiocop_optional_dependency_not_installed  # noqa: F401
+            except ImportError:
+                pass
+            return PlainTextResponse("ok")
+
+        async def blocking(request):
+            time.sleep(0.2)
+            return PlainTextResponse("slow")
+
+        app = Starlette(routes=[Route(f"/{f.__name__}", f) for f in (clean, short_sleep, optional, blocking)])
+
+        @pytest.fixture
+        async def client():
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+                yield c
+
+        @pytest.mark.parametrize("path", ["/clean", "/short_sleep", "/optional", "/optional", "/blocking"])
+        async def test_my_async_endpoint(client, path):
+            with aiocop.raise_on_violations():
+                response = await client.get(path)
+            assert response.status_code == 200
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:aiocop")
+    result.assert_outcomes(passed=4, failed=1)
+    output = result.stdout.str()
+    assert "HIGH SEVERITY BLOCKING I/O DETECTED" in output
+    assert "test_my_async_endpoint[/blocking]" in output.partition("FAILURES")[2]
