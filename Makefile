@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: demo test lint typecheck check clean bench docs
+.PHONY: demo test test-1x lint typecheck check clean bench docs
 
 # pip prints what it collects and installs: the first run takes a few minutes.
 $(STAMP): pyproject.toml
@@ -25,9 +25,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider
 
+# aiocop 1.2.1's own test suite, unchanged, against this checkout (downloaded from PyPI).
+test-1x: $(STAMP)
+	$(BIN)/python .ci/aiocop1_suite.py
+
 lint: $(STAMP)
-	$(BIN)/ruff check aiocop tests benchmarks examples docs/hooks
-	$(BIN)/ruff format --check aiocop tests benchmarks examples docs/hooks
+	$(BIN)/ruff check aiocop tests benchmarks examples docs/hooks .ci
+	$(BIN)/ruff format --check aiocop tests benchmarks examples docs/hooks .ci
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
