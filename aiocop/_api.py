@@ -75,7 +75,7 @@ def start_blocking_io_detection(
     if patch and not _wrappers.get_patched_functions():
         _wrappers.patch_audit_functions()
     _hook.install()
-    _state.started = True
+    _state.started = _state.ever_started = True
     _hook.rebuild()
 
 
@@ -251,8 +251,16 @@ atexit.register(_at_exit)
 
 
 def activate() -> None:
-    """Resume detection paused by `deactivate()` (detection starts active)."""
+    """Resume detection paused by `deactivate()` (detection starts active).
+
+    Called before detection was ever set up in the process, it sets it up
+    with the defaults (`start_blocking_io_detection()`): in 1.x, `activate()`
+    was what switched monitoring on, and `is_monitoring_active()` said so.
+    After `stop()` (which 1.x did not have) it only sets the switch.
+    """
     _state.active = True
+    if not _state.ever_started:
+        start_blocking_io_detection()
     _hook.rebuild()
 
 

@@ -33,6 +33,8 @@ config = Config()
 
 # Whether start_blocking_io_detection() has installed detection (until stop()).
 started = False
+# Whether it ever has, in this process: activate() sets detection up if not (as 1.x's activate() switched it on).
+ever_started = False
 # activate()/deactivate(): pause detection without uninstalling anything.
 active = True
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import aiocop
-from tests.conftest import Collector, reset_aiocop, run_on
+from tests.conftest import Collector, reset_aiocop, run_on, run_python
 from tests.stalls import spin
 
 if TYPE_CHECKING:
@@ -357,3 +357,27 @@ def test_the_1x_pytest_recipe_with_raise_on_violations(pytester: pytest.Pytester
     output = result.stdout.str()
     assert "HIGH SEVERITY BLOCKING I/O DETECTED" in output
     assert "test_my_async_endpoint[/blocking]" in output.partition("FAILURES")[2]
+
+
+def test_activate_switches_monitoring_on_as_in_1x() -> None:
+    result = run_python(
+        """
+        import asyncio, os
+        import aiocop
+
+        print(aiocop.is_monitoring_active())
+        aiocop.activate()  # 1.x: what switched monitoring on
+        print(aiocop.is_monitoring_active())
+        aiocop.register_slow_task_callback(lambda event: print(event.blocking_events[0]["name"]))
+
+        async def main():
+            os.stat(".")
+
+        asyncio.run(main())
+        aiocop.stop()
+        aiocop.activate()  # after stop() (2.x only): the switch alone
+        print(aiocop.is_monitoring_active())
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "True", "os.stat", "False"]
