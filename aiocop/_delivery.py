@@ -379,10 +379,14 @@ def _take_stall(group: StepGroup) -> None:
 def _attach_to_io(watch: LoopWatch, stall: Stall) -> bool:
     # Called by the watchdog (under merge_lock) when a stall ends: an io event
     # of the same step still waiting for delivery takes the stall over. An
-    # undelivered io event of another step of that thread, whose first call
-    # came before the stall ended, belongs to a step that had ended when the
-    # stall began (steps of one thread never overlap; the stall's start is an
-    # estimate, which may fall a little before that call).
+    # undelivered io event of another step of that thread whose first call
+    # falls inside the stall's estimated span contradicts it (steps of one
+    # thread never overlap): if the call came while the watchdog still saw
+    # the stalled step, that step began after the event's step had ended (the
+    # stall's start is an estimate, which may fall a little before the call);
+    # if it came after the last look that saw the stalled step, that step had
+    # ended by then, and it is the stall's estimated end that ran on (a look
+    # long after, with the thread's CPU time of the steps between counted in).
     taken = False
     for group in list(_hook.unclaimed):
         if group.thread_id != watch.thread_id:
@@ -392,7 +396,10 @@ def _attach_to_io(watch: LoopWatch, stall: Stall) -> bool:
                 group.stall = stall
                 taken = True
         elif group.t_first < stall.end and (not group.t_end or group.t_end > stall.start):
-            group.t_end = max(group.t_first, stall.start)
+            if stall.seen_until and group.t_first > stall.seen_until:
+                stall.end = max(stall.seen_until, group.t_first)
+            else:
+                group.t_end = max(group.t_first, stall.start)
     if taken:
         stall.release()  # the io event knows its task: keep no frame, task or context alive
     return taken

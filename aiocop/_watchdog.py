@@ -222,6 +222,9 @@ class Stall:
     waiting_top: bool = False  # the most frequent stack was sampled while waiting
     task: StalledTask | None = None  # whose step it was, as seen while it stalled
     ident: object = None  # the step's identity (`step_of`): an io event of the same step takes the stall
+    # The last look that saw the step still running: its real end lies between
+    # this and the next look (`end` is an estimate within that gap).
+    seen_until: float = 0.0
 
     def release(self) -> None:
         """Drop the stalled frame and task: once its event exists, it says which task it was."""
@@ -673,7 +676,9 @@ def _sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float, cpu:
 def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
     samples = sorted(step.samples.items(), key=itemgetter(1), reverse=True)  # most common first
     top_waiting = bool(samples) and step.waiting.get(samples[0][0], 0) * 2 >= samples[0][1]
-    return Stall(watch, start, end, samples, not step.cpu_bound(), step.root, top_waiting, step.task, step.ident)
+    return Stall(
+        watch, start, end, samples, not step.cpu_bound(), step.root, top_waiting, step.task, step.ident, step.t_last
+    )
 
 
 @dataclass(frozen=True)

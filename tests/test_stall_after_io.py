@@ -10,7 +10,7 @@ import time
 import pytest
 
 import aiocop._delivery
-from aiocop import _delivery
+from aiocop import _delivery, _hook, _loops, _watchdog
 from tests import stalls
 from tests.conftest import Collector, loop_factory, quiet_rloop, run_on
 from tests.test_watchdog import stall_lines, watchdog  # noqa: F401 - fixture
@@ -70,3 +70,40 @@ def test_a_report_queued_on_a_loop_as_it_stops_is_delivered_off_it(
             assert len(delivered) == 1, "and not again by the loop"
         finally:
             loop.close()
+
+
+def _stall(start: float, end: float, seen_until: float) -> _watchdog.Stall:
+    watch = _loops.LoopWatch.__new__(_loops.LoopWatch)
+    watch.thread_id = -1
+    return _watchdog.Stall(watch, start, end, [], False, None, ident=object(), seen_until=seen_until)
+
+
+def _group(t_first: float) -> _hook.StepGroup:
+    group = _hook.StepGroup()
+    group.thread_id, group.ident, group.t_first = -1, object(), t_first
+    return group
+
+
+@pytest.mark.parametrize(
+    ("t_first", "group_end", "stall_end"),
+    [
+        # A call just before the stall began, while the stall's start is an
+        # estimate that falls before it: the call's step had ended.
+        (0.101, 0.101, 0.250),
+        # A call after the last look that saw the stalled step: that step had
+        # ended by then, and its end was overestimated (a look long after,
+        # with the CPU time of the steps between counted in). Found running
+        # aiocop 1.x's FastAPI recipe: the next request's 100 ms sleep was an
+        # event of 0 ms, over no threshold.
+        (0.180, 0.0, 0.180),
+    ],
+)
+def test_a_stall_and_another_steps_call_in_its_span(t_first: float, group_end: float, stall_end: float) -> None:
+    stall = _stall(start=0.100, end=0.250, seen_until=0.150)  # the watchdog saw the step stalled until 0.150
+    group = _group(t_first)
+    _hook.unclaimed[group] = group
+    try:
+        assert not _delivery._attach_to_io(stall.watch, stall)
+    finally:
+        _hook.unclaimed.pop(group, None)
+    assert (group.t_end, stall.end) == (group_end, stall_end)
