@@ -220,7 +220,7 @@ def test_an_in_memory_sqlite_database_is_not_a_blocking_call(detector: Collector
         sqlite3.connect(blocking_calls.SQLITE_FILE).close()  # a file: reported
 
     run_on(loop_name, main())
-    assert [call["event"] for call in detector.calls] == [f"sqlite3.connect({blocking_calls.SQLITE_FILE})"]
+    assert detector.names() == ["sqlite3.connect"]  # the file (its path is bytes in 3.10's event)
 
 
 def test_an_optional_module_that_is_not_installed_is_reported_once(detector: Collector, loop_name: str) -> None:
