@@ -105,8 +105,9 @@ def current_request() -> RequestInfo | None:
 
 
 def _request_context() -> dict[str, str] | None:
-    # The context provider: run at delivery inside a copy of the offending
-    # step's context, so it sees that step's request.
+    # The context provider: run inside the offending step, at its first
+    # blocking call (a stall's: at delivery, in a copy of the step's
+    # context), so it sees that step's request.
     info = _current.get()
     return None if info is None else info.as_context()
 
