@@ -227,10 +227,15 @@ def stop() -> None:
     _state.started = False
     _hook.rebuild()
     _wrappers.unpatch_audit_functions()
+    stop_watchdog()
+    _delivery.drain()
+
+
+def stop_watchdog() -> None:
+    """End the stall watchdog and the tracking of loop starts (`_start_watchdog` undone)."""
     _watchdog.watchdog.stop()
     _hook.register_loop = None
     _loops.uninstall()
-    _delivery.drain()
 
 
 def _at_exit() -> None:

@@ -24,6 +24,66 @@ logger = logging.getLogger("aiocop")
 # a callback that (un)registers callbacks.
 _callbacks: tuple[SlowTaskCallback, ...] = ()
 _providers: tuple[ContextProvider, ...] = ()
+# aiocop's own listeners (the OpenTelemetry instrumentor's metrics): told of
+# every event after the application's callbacks, in the same context, but
+# neither listed by registered() nor removed by clear_slow_task_callbacks(),
+# which belong to the application (1.x test suites clear callbacks between
+# tests: the metrics must not stop with them).
+_observers: tuple[SlowTaskCallback, ...] = ()
+# Everyone told of an event: the callbacks, then the observers.
+_listeners: tuple[SlowTaskCallback, ...] = ()
+
+
+def _update_listeners() -> None:
+    global _listeners
+    _listeners = (*_callbacks, *_observers)
+
+
+# Told of each blocking call as it is made, on the loop's thread, inside the
+# call's own context (the OpenTelemetry span events: the span current at the
+# call may have ended by the time the step's event is delivered). Called with
+# the hook's raw record (`_hook.Record`), while the hook ignores the
+# observer's own calls.
+CallObserver = Callable[[Any], None]
+_call_observers: tuple[CallObserver, ...] = ()
+
+
+def add_call_observer(observer: CallObserver) -> None:
+    global _call_observers
+    if observer not in _call_observers:
+        _call_observers = (*_call_observers, observer)
+
+
+def remove_call_observer(observer: CallObserver) -> None:
+    global _call_observers
+    _call_observers = tuple(o for o in _call_observers if o != observer)
+
+
+def observe_call(record: Any) -> None:
+    for observer in _call_observers:
+        try:
+            observer(record)
+        except Exception as error:
+            _contain(error, observer, "call observer")
+
+
+def listening() -> bool:
+    """Whether anyone (a callback or an observer) is told of events: if not, none is built."""
+    return bool(_listeners)
+
+
+def add_observer(observer: SlowTaskCallback) -> None:
+    """Tell `observer` of every event, as a callback, without registering it as one (aiocop's own sinks)."""
+    global _observers
+    if observer not in _observers:
+        _observers = (*_observers, observer)
+    _update_listeners()
+
+
+def remove_observer(observer: SlowTaskCallback) -> None:
+    global _observers
+    _observers = tuple(o for o in _observers if o != observer)
+    _update_listeners()
 
 
 def register_slow_task_callback(callback: SlowTaskCallback) -> None:
@@ -32,12 +92,14 @@ def register_slow_task_callback(callback: SlowTaskCallback) -> None:
     check_callable("callback", callback, 1)
     if callback not in _callbacks:
         _callbacks = (*_callbacks, callback)
+    _update_listeners()
 
 
 def unregister_slow_task_callback(callback: SlowTaskCallback) -> None:
     """Stop calling a callback registered with `register_slow_task_callback`."""
     global _callbacks
     _callbacks = tuple(c for c in _callbacks if c != callback)
+    _update_listeners()
     _forget_removed()
 
 
@@ -50,6 +112,7 @@ def clear_slow_task_callbacks() -> None:
     """Unregister every slow-task callback."""
     global _callbacks
     _callbacks = ()
+    _update_listeners()
     _forget_removed()
 
 
@@ -100,7 +163,7 @@ def _first_time(what: str, func: object) -> bool:
 
 def _forget_removed() -> None:
     # Registered again later, a callback is logged afresh.
-    registered = (*_callbacks, *_providers)
+    registered = (*_listeners, *_providers)
     _logged[:] = [(kind, f) for kind, f in _logged if any(f is r for r in registered)]
 
 
@@ -165,7 +228,7 @@ def capture_context() -> dict[str, Any]:
 
 def invoke_callbacks(event: SlowTaskEvent) -> None:
     interrupted: KeyboardInterrupt | None = None
-    for callback in _callbacks:
+    for callback in _listeners:
         start = perf_counter()
         try:
             callback(event)

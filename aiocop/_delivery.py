@@ -118,6 +118,22 @@ def format_record(record: Record, wall_offset: float | None = None, raised: bool
     return info
 
 
+def record_site(record: Record) -> str:
+    """A record's `app_site` alone, as `format_record` gives it (cheap: frames are formatted once per line)."""
+    _, _, trace, site, _, _, app = record
+    if app is not None:
+        return _frame(*app)[1]
+    if site is not None:
+        return _frame(*site)[1]
+    return _frame(*trace[0])[1] if trace else "unknown"
+
+
+def record_call(record: Record) -> tuple[str, str]:
+    """A record's event name, and the call as `BlockingEventInfo["event"]` shows it."""
+    event, args = record[0], record[1]
+    return event, f"{event}({_format_args(args, event)})"
+
+
 def format_blocking_event(raw_event: RawBlockingEvent) -> BlockingEventInfo:
     """Format a raw 1.x-style event into a `BlockingEventInfo`.
 
@@ -325,7 +341,7 @@ def _flush(batch: list[StepGroup], state: Any) -> None:
     if _state.config.delivery == "thread":
         _worker.submit(claimed)
         return
-    if not _callbacks.registered():
+    if not _callbacks.listening():
         return  # nobody to tell: no event is built
     origin = _Origin(claimed[0].loop)  # a batch is one loop's
     for group in claimed:

@@ -162,6 +162,8 @@ def audit_hook(event: str, args: tuple[Any, ...], _lookup: Callable[[str], _Rule
     state.busy = True
     try:
         captured = _capture(event, args, rule.weight, loop, state)
+        if _callbacks._call_observers and captured is not None and captured[1] is not None:
+            _callbacks.observe_call(captured[1])
     except Exception:
         captured = None
         _internal_error()

@@ -13,6 +13,8 @@ stack of a thread.
 from __future__ import annotations
 
 import asyncio.events
+import contextlib
+import contextvars
 import logging
 import os
 import sys
@@ -21,7 +23,7 @@ import time
 import weakref
 from asyncio import AbstractEventLoop, _get_running_loop
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiocop import _forksafe
 from aiocop._internals import LOOP_FRAMES
@@ -134,6 +136,29 @@ on_stop: Callable[[LoopWatch, float, float | None], None] | None = None
 retired: deque[tuple[LoopWatch, float, float | None]] = deque(maxlen=64)
 
 
+class LoopListener(Protocol):
+    """Told when a loop is first seen running and when it stops (the loop-delay probe)."""
+
+    def loop_started(self, loop: AbstractEventLoop) -> None:
+        """`loop` runs, or was found running: called from any thread, maybe before its first step."""
+
+    def loop_stopped(self, loop: AbstractEventLoop) -> None:
+        """`loop` stopped, after its last step: called from its own thread."""
+
+
+# Replaced, never mutated (read without a lock by the loops' threads).
+listeners: tuple[LoopListener, ...] = ()
+
+
+def _tell(method: str, loop: AbstractEventLoop | None) -> None:
+    for listener in listeners:
+        try:
+            if loop is not None:
+                getattr(listener, method)(loop)
+        except Exception:  # a listener never breaks a loop's start or stop
+            logger.exception("aiocop: a loop listener failed (ignored)")
+
+
 def register(
     loop: AbstractEventLoop, base_frame: FrameType | None, thread_id: int | None = None, *, starting: bool = False
 ) -> LoopWatch:
@@ -159,6 +184,8 @@ def register(
         watches = {**watches, watch.thread_id: watch}
     if on_change is not None:
         on_change()
+    if listeners:
+        _tell("loop_started", loop)
     return watch
 
 
@@ -176,6 +203,8 @@ def unregister(thread_id: int, *, stopping: bool = False) -> None:
         retired.append((watch, stopped, cpu))  # in case the watchdog's look, already under way, sees it after
         if on_stop is not None:
             on_stop(watch, stopped, cpu)
+        if listeners:
+            _tell("loop_stopped", watch.loop)
 
 
 def ensure_registered(loop: AbstractEventLoop, base_frame: FrameType | None = None) -> None:
@@ -189,7 +218,18 @@ def ensure_registered(loop: AbstractEventLoop, base_frame: FrameType | None = No
     watch = watches.get(threading.get_ident())
     if watch is None or watch.loop is not loop:
         python_loop = type(loop).__module__.partition(".")[0] in PYTHON_LOOP_PACKAGES
-        register(loop, None if python_loop else base_frame)
+        if python_loop or base_frame is not None:
+            register(loop, None if python_loop else base_frame)
+            return
+        # A loop written in C, in the middle of a step, whose start aiocop did
+        # not see (set up by the application's import, inside a uvicorn
+        # worker's running uvloop): the frame that called into the loop, the
+        # edge of its steps, is below the callbacks it runs, not below this
+        # step's frames. Registered without it, the watchdog could tell none
+        # of its steps, and so none of its stalls: it registers itself from
+        # its next callback instead.
+        with contextlib.suppress(RuntimeError):  # closing
+            loop.call_soon(_register_from_callback, loop, context=contextvars.Context())
 
 
 PYTHON_LOOP_PACKAGES = frozenset(f.module.partition(".")[0] for f in LOOP_FRAMES)
@@ -261,6 +301,12 @@ def install() -> None:
     running = _get_running_loop()
     if running is not None:
         ensure_registered(running)
+
+
+def _register_from_callback(loop: AbstractEventLoop) -> None:
+    # Run by `loop` itself: the frame below is the one that called into it.
+    if _tracking:
+        register(loop, sys._getframe(1))
 
 
 def uninstall() -> None:

@@ -321,7 +321,7 @@ def _warn_if_not_set_up() -> None:
             "start-up, so that each server worker process starts it.",
             os.getpid(),
         )
-    elif not _callbacks.registered():
+    elif not _callbacks.listening():
         logger.warning(
             "aiocop: AiocopMiddleware got its first request, but no slow-task callback is registered "
             "in this process (pid %d), so events go nowhere. Register one with "

@@ -20,7 +20,7 @@ import pytest
 import aiocop
 from aiocop import _delivery, _watchdog
 from tests import stalls
-from tests.conftest import Collector, _loop_param, loop_factory, quiet_rloop, run_in_thread, run_on
+from tests.conftest import Collector, _loop_param, loop_factory, quiet_rloop, reset_aiocop, run_in_thread, run_on
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -576,3 +576,31 @@ def test_held_stall_events_keep_no_task_or_context_alive(watchdog: Collector, lo
     assert event.reason == ("io_blocking" if with_call else "cpu_blocking")
     assert event.cpu_stack_samples, "the stall's samples are in the event"
     assert event.task_name, "the event names the stalled task"
+
+
+def test_stalls_of_a_loop_already_running_when_detection_starts(loop_name: str) -> None:
+    """Set up inside a step of a running loop, as an app module imported by a uvicorn worker does.
+
+    A loop written in C is told apart from its steps by the frame that called
+    into it, which a step cannot see: aiocop registers such a loop from its
+    next callback. (Registered from the step, it had no edge, and the
+    watchdog saw none of its stalls: every stall of a multi-worker uvicorn
+    app went unreported.)
+    """
+    collector = Collector()
+
+    async def main() -> None:
+        aiocop.start_blocking_io_detection()
+        aiocop.detect_slow_tasks(threshold_ms=20, on_slow_task=collector)
+        await asyncio.sleep(0.05)
+        stalls.spin(0.1)  # 5x the threshold
+        await asyncio.sleep(0.05)
+
+    try:
+        run_on(loop_name, main())
+        (event,) = collector.settle(1)
+        assert event.reason == "cpu_blocking"
+        assert event.elapsed_ms >= 80  # the watchdog times it to a few ms
+        assert event.call_site.endswith(":spin")
+    finally:
+        reset_aiocop()

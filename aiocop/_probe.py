@@ -1,0 +1,145 @@
+"""A cheap periodic probe of how late each event loop runs its timers.
+
+Stalls are what the watchdog reports: steps that held a loop past the
+threshold. A healthy loop's delay (a fraction of a millisecond, a few
+milliseconds under load) is below anything it reports, yet it is what a
+loop-delay histogram is mostly made of. The probe measures it the way
+Node's `monitorEventLoopDelay` does: a timer on each loop, due every
+`interval` seconds; how late its callback runs is the loop's delay.
+
+Each loop gets its probe when it is first seen running (`_loops` tells of
+every loop start, in any thread) and loses it when the loop stops: a timer
+left behind would wake a stopped loop's next run for nothing, and would be a
+second probe once the loop started again. Between runs nothing of aiocop is
+scheduled on the loop.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import weakref
+from typing import TYPE_CHECKING
+
+from aiocop import _forksafe, _loops
+
+if TYPE_CHECKING:
+    from asyncio import AbstractEventLoop
+    from collections.abc import Callable
+
+logger = logging.getLogger("aiocop")
+
+# The probe's timers run in an empty context: none of the application's
+# context variables (a request id, the current span) is theirs.
+_EMPTY = contextvars.Context()
+
+
+class DelayProbe:
+    """Times a timer due every `interval` seconds on each running loop; `record(delay_s)` each lateness.
+
+    `record` runs on the loop's thread, from the probe's own callback, so it
+    must be quick (a histogram's `record`). A lateness of `limit()` seconds
+    or more is not recorded: that loop was held past the stall threshold,
+    and the stall is recorded whole, once, by whoever reports stalls.
+    """
+
+    def __init__(self, interval: float, record: Callable[[float], None], limit: Callable[[], float]) -> None:
+        self.interval = interval
+        self._record = record
+        self._limit = limit
+        # id(loop) -> (the loop, weakly; the token its pending timer carries).
+        # A timer whose token is no longer its loop's entry stops there: the
+        # loop stopped (and may run again, with a new probe), or the probe
+        # was stopped.
+        self._ticking: dict[int, tuple[weakref.ref[AbstractEventLoop], object]] = {}
+        self._lock = _forksafe.lock()
+        self._running = False
+        _probes.add(self)
+
+    def start(self) -> None:
+        """Probe every loop running now and every loop that starts from now on."""
+        with self._lock:
+            self._running = True
+        _loops.listeners = (*_loops.listeners, self)
+        for watch in list(_loops.watches.values()):
+            loop = watch.loop
+            if loop is not None and loop.is_running():
+                self.loop_started(loop)
+
+    def stop(self) -> None:
+        """Stop probing: each loop's pending timer, when it runs, schedules no other."""
+        _loops.listeners = tuple(listener for listener in _loops.listeners if listener is not self)
+        with self._lock:
+            self._running = False
+            self._ticking.clear()
+
+    def probing(self, loop: AbstractEventLoop) -> bool:
+        entry = self._ticking.get(id(loop))
+        return entry is not None and entry[0]() is loop
+
+    # _loops.LoopListener
+
+    def loop_started(self, loop: AbstractEventLoop) -> None:
+        token = object()
+        with self._lock:
+            if not self._running or self.probing(loop):
+                return
+            self._ticking[id(loop)] = (weakref.ref(loop), token)
+        # From any thread (a loop found running by the watchdog, or the one
+        # that called instrument()): the only call a loop takes from anywhere.
+        try:
+            loop.call_soon_threadsafe(self._arm, loop, token, context=_EMPTY)
+        except Exception:  # closed meanwhile, or a loop that takes no context
+            self._forget(loop, token)
+
+    def loop_stopped(self, loop: AbstractEventLoop) -> None:
+        with self._lock:
+            entry = self._ticking.get(id(loop))
+            if entry is not None and entry[0]() is loop:
+                del self._ticking[id(loop)]
+
+    # On the loop's thread
+
+    def _current(self, loop: AbstractEventLoop, token: object) -> bool:
+        entry = self._ticking.get(id(loop))
+        return entry is not None and entry[1] is token
+
+    def _forget(self, loop: AbstractEventLoop, token: object) -> None:
+        with self._lock:
+            if self._current(loop, token):
+                del self._ticking[id(loop)]
+
+    def _arm(self, loop: AbstractEventLoop, token: object) -> None:
+        if not self._current(loop, token):
+            return
+        due = loop.time() + self.interval
+        try:
+            loop.call_at(due, self._tick, loop, token, due, context=_EMPTY)
+        except Exception:
+            logger.debug("aiocop: no loop-delay probe on %r (it refused a timer)", loop, exc_info=True)
+            self._forget(loop, token)
+
+    def _tick(self, loop: AbstractEventLoop, token: object, due: float) -> None:
+        if not self._current(loop, token):
+            return
+        late = loop.time() - due
+        if late < self._limit():
+            # A loop runs a timer a hair early when its clock's resolution
+            # says it is due: that is no delay.
+            self._record(max(late, 0.0))
+        self._arm(loop, token)
+
+
+# In a forked child the parent's loops are not running (the forking thread's
+# may be, but its timer was the parent's): every loop is probed afresh.
+_probes: weakref.WeakSet[DelayProbe] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for probe in list(_probes):
+        probe._ticking.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

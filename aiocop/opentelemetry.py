@@ -1,0 +1,321 @@
+"""Event-loop health as OpenTelemetry metrics and span events: `AiocopInstrumentor`.
+
+    from aiocop.opentelemetry import AiocopInstrumentor
+
+    AiocopInstrumentor().instrument()  # the global meter provider, or meter_provider=...
+
+or, with no code at all, `opentelemetry-instrument uvicorn app:app` (aiocop is
+registered under the `opentelemetry_instrumentor` entry point). Detection is
+started if the application has not started it. Recorded:
+
+- `asyncio.eventloop.delay` (histogram, s): how late each loop ran its work:
+  each stall's length, and a periodic probe's lateness on a healthy loop.
+- `aiocop.blocking_calls` (counter, {call}): each blocking call, by event,
+  application line (`code.*`) and severity.
+- `aiocop.stalls` (counter, {stall}): each step that held its loop past the
+  threshold, by application line.
+- `aiocop.loop.blocked_time` (counter, s): loop time lost to blocking calls
+  and stalls, by application line.
+
+Every call and stall is also an event (`aiocop.blocking_call`,
+`aiocop.stall`) on the span current at the call, a few per call site per
+second at most. docs/reference/opentelemetry.md lists every name and why.
+
+Needs the `opentelemetry` extra: `pip install 'aiocop[opentelemetry]'`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+try:
+    from opentelemetry import metrics, trace
+
+    # The module is marked `# type: ignore` (untyped): its class is Any to mypy.
+    from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
+except ImportError as error:  # pragma: no cover - the message is the point
+    raise ImportError(
+        "aiocop.opentelemetry needs opentelemetry-api and opentelemetry-instrumentation: "
+        "pip install 'aiocop[opentelemetry]'"
+    ) from error
+
+from aiocop import _api, _callbacks, _state, _watchdog
+from aiocop._delivery import record_call, record_site
+from aiocop._probe import DelayProbe
+from aiocop._severity import get_severity_level_from_score
+from aiocop._sites import FILE, FUNCTION, LINE, RateLimit, SiteTable
+from aiocop._validate import check_bool, check_int, check_ms, check_number, did_you_mean
+from aiocop._version import __version__
+
+if TYPE_CHECKING:
+    from collections.abc import Collection
+
+    from aiocop._events import SlowTaskEvent
+    from aiocop._hook import Record
+
+__all__ = ["ATTRIBUTES", "DELAY_BUCKETS", "SIGNALS", "AiocopInstrumentor", "Signal"]
+
+DELAY_BUCKETS: tuple[float, ...] = (
+    *(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05),
+    *(0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+"""`asyncio.eventloop.delay`'s bucket bounds, in seconds: 0.1 ms (a healthy loop) to 10 s (a frozen one)."""
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One instrument or span event aiocop records, as docs/reference/opentelemetry.md shows it."""
+
+    name: str
+    kind: str  # "histogram", "counter" or "span event"
+    unit: str
+    attributes: tuple[str, ...]
+    description: str
+    why: str  # the reason for the name
+
+
+_CODE = (FILE, LINE, FUNCTION)
+
+SIGNALS: tuple[Signal, ...] = (
+    Signal(
+        "asyncio.eventloop.delay",
+        "histogram",
+        "s",
+        (),
+        "How late the event loop ran its work: each stall's length, and a periodic probe's lateness "
+        "on a healthy loop (below the threshold; a later probe is a stall, recorded once, whole).",
+        "OpenTelemetry names Node.js's `nodejs.eventloop.delay.*`; no convention exists for Python yet "
+        "(opentelemetry-python-contrib #1760). The same shape under `asyncio.` is what one would be, and the "
+        "name says the measure belongs to the loop, not to aiocop.",
+    ),
+    Signal(
+        "aiocop.blocking_calls",
+        "counter",
+        "{call}",
+        ("aiocop.event", *_CODE, "aiocop.severity"),
+        "Blocking calls made on an event loop's thread, at the application's line that led to them.",
+        "What aiocop finds is its own notion: its namespace. `{call}` is the semantic conventions' way of "
+        "counting things with no unit.",
+    ),
+    Signal(
+        "aiocop.stalls",
+        "counter",
+        "{stall}",
+        _CODE,
+        "Steps that held their event loop for the threshold or longer, at the application's line most to "
+        "blame (`SlowTaskEvent.call_site`).",
+        "A stall is aiocop's word for a step past the threshold, whatever held the loop.",
+    ),
+    Signal(
+        "aiocop.loop.blocked_time",
+        "counter",
+        "s",
+        _CODE,
+        "Event-loop time lost to blocking calls and stalls (`SlowTaskEvent.elapsed_ms`), by application line.",
+        "Counts and lengths differ: a call made 10 000 times for 0.1 ms each costs what one 1 s stall "
+        "costs. `.time` under the loop, in seconds, as `process.cpu.time` is.",
+    ),
+    Signal(
+        "aiocop.blocking_call",
+        "span event",
+        "",
+        ("aiocop.event", *_CODE, "aiocop.call"),
+        "On the span current at the call: a slow trace shows what froze the loop under it.",
+        "An event, not a span: the call is already over when aiocop reports it, and a span per call would "
+        "cost what the spans of the request itself cost.",
+    ),
+    Signal(
+        "aiocop.stall",
+        "span event",
+        "",
+        (*_CODE, "aiocop.duration", "aiocop.culprit"),
+        "On the span current in the stalled task, with how long the loop was held and what it was doing.",
+        "As `aiocop.blocking_call`.",
+    ),
+)
+"""Everything the instrumentor records: instruments first, then span events."""
+
+ATTRIBUTES: dict[str, str] = {
+    FILE: "The application's file (relative to the working directory when under it): the same in every "
+    "worker and host of a service. A semantic convention.",
+    LINE: "Its line number. A semantic convention.",
+    FUNCTION: "Its function. A semantic convention.",
+    "aiocop.event": "What blocked: the audit event or wrapped call (`open`, `socket.connect`, `time.sleep`, "
+    "...), from a fixed table (docs/reference/detected-calls.md).",
+    "aiocop.severity": "The call's weight as a level: `low`, `medium` or `high`.",
+    "aiocop.call": "The call with its arguments, shortened (`os.stat('/etc/hosts')`): span events only, "
+    "never a metric attribute (unbounded).",
+    "aiocop.duration": "How long the loop was held, in seconds.",
+    "aiocop.culprit": "What the loop was doing, e.g. `running zlib.compress(data)`.",
+}
+"""The attributes of `SIGNALS`, with their meaning."""
+
+
+# instrument()'s options besides the providers, with their defaults.
+_DEFAULTS: dict[str, Any] = {
+    "threshold_ms": None,  # None: as set up already, else 30 ms
+    "max_call_sites": 200,
+    "span_events": True,
+    "span_events_per_second": 10.0,
+    "probe_interval_ms": 100.0,
+}
+_PROVIDERS = ("meter_provider", "tracer_provider")
+
+
+def _options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """instrument()'s keyword arguments, checked, with defaults filled in."""
+    unknown = [name for name in kwargs if name not in _DEFAULTS and name not in _PROVIDERS]
+    if unknown:
+        name = unknown[0]
+        raise TypeError(
+            f"AiocopInstrumentor.instrument() got an unknown option {name!r}"
+            f"{did_you_mean(name, [*_DEFAULTS, *_PROVIDERS])}; its options are: {', '.join([*_PROVIDERS, *_DEFAULTS])}"
+        )
+    options = {**_DEFAULTS, **{k: v for k, v in kwargs.items() if k in _DEFAULTS}}
+    if options["threshold_ms"] is not None:
+        check_ms("threshold_ms", options["threshold_ms"])
+    check_int("max_call_sites", options["max_call_sites"], 1)
+    check_bool("span_events", options["span_events"])
+    check_number("span_events_per_second", options["span_events_per_second"], "events", allow_zero=False)
+    check_number("probe_interval_ms", options["probe_interval_ms"], "milliseconds", allow_zero=True)
+    return options
+
+
+class _Recorder:
+    """The observer that turns each `SlowTaskEvent` into metric points and span events."""
+
+    def __init__(self, meter: metrics.Meter, options: dict[str, Any]) -> None:
+        descriptions = {signal.name: (signal.unit, signal.description) for signal in SIGNALS}
+
+        def counter(name: str) -> metrics.Counter:
+            unit, description = descriptions[name]
+            return meter.create_counter(name, unit=unit, description=description)
+
+        unit, description = descriptions["asyncio.eventloop.delay"]
+        self.delay = meter.create_histogram(
+            "asyncio.eventloop.delay",
+            unit=unit,
+            description=description,
+            explicit_bucket_boundaries_advisory=list(DELAY_BUCKETS),
+        )
+        self.calls = counter("aiocop.blocking_calls")
+        self.stalls = counter("aiocop.stalls")
+        self.blocked = counter("aiocop.loop.blocked_time")
+        self.sites = SiteTable(options["max_call_sites"])
+        self.span_events: bool = options["span_events"]
+        self.span_limit = RateLimit(options["span_events_per_second"])
+
+    def __call__(self, event: SlowTaskEvent) -> None:
+        sites = self.sites
+        for call in event.blocking_events:
+            site = call.get("app_site") or call["entry_point"]
+            level = get_severity_level_from_score(call["severity"] or 0)
+            name = call.get("name") or call["event"].partition("(")[0]
+            self.calls.add(1, sites.with_extra(site, (("aiocop.event", name), ("aiocop.severity", level))))
+        seconds = event.elapsed_ms / 1000.0
+        attributes = sites.attributes(event.call_site)
+        self.blocked.add(seconds, attributes)
+        if event.exceeded_threshold:
+            self.stalls.add(1, attributes)
+            self.delay.record(seconds)
+        if event.exceeded_threshold and self.span_events:
+            self._add_stall_event(event, seconds)
+
+    def on_call(self, record: Record) -> None:
+        """A blocking call, as it is made: an event on the span current at the call (on the loop's thread)."""
+        span = trace.get_current_span()
+        if not span.is_recording():  # no span, or an unsampled one
+            return
+        site = record_site(record)
+        sites = self.sites
+        if not self.span_limit.allow(sites.key(site)):
+            return
+        name, call = record_call(record)
+        span.add_event(
+            "aiocop.blocking_call", {**sites.with_extra(site, (("aiocop.event", name),)), "aiocop.call": call}
+        )
+
+    def _add_stall_event(self, event: SlowTaskEvent, seconds: float) -> None:
+        # Delivered in the stalled task's context: its current span is the
+        # request's. The stall is reported once its step is over: a span that
+        # ended in that very step has no event (the metrics still count it).
+        span = trace.get_current_span()
+        if not span.is_recording():
+            return
+        site = event.call_site
+        if not self.span_limit.allow("stall:" + self.sites.key(site)):
+            return
+        attributes = {**self.sites.attributes(site), "aiocop.duration": seconds}
+        if event.culprit:
+            attributes["aiocop.culprit"] = event.culprit
+        span.add_event("aiocop.stall", attributes, timestamp=int((time.time() - seconds) * 1e9))
+
+
+class AiocopInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """Records event-loop health with OpenTelemetry: `AiocopInstrumentor().instrument(**options)`.
+
+    Options of `instrument()` (all optional):
+        meter_provider: Where the metrics go (default: the global one).
+        tracer_provider: Accepted as every instrumentor does; span events go
+            to the span current at each call, whichever provider made it.
+        threshold_ms: The stall threshold (default: as already set up, else
+            30 ms). Detection is started if the application has not.
+        max_call_sites: Call sites named in the metrics' attributes per
+            process; the rest are counted under `other` (default 200).
+        span_events: Add `aiocop.blocking_call` / `aiocop.stall` events to
+            the current span (default True).
+        span_events_per_second: Span events per call site per second at most
+            (default 10).
+        probe_interval_ms: How often each loop's delay is probed for the
+            histogram (default 100; 0: no probe, stalls only).
+
+    `uninstrument()` stops recording, and stops detection if `instrument()`
+    started it.
+    """
+
+    _recorder: _Recorder | None = None
+    _probe: DelayProbe | None = None
+    _started: tuple[bool, bool] = (False, False)  # (interception, watchdog) started by instrument()
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return ()  # instruments the event loop, whatever runs it
+
+    def _instrument(self, **kwargs: Any) -> None:
+        options = _options(kwargs)
+        meter = metrics.get_meter("aiocop", __version__, kwargs.get("meter_provider"))
+        recorder = _Recorder(meter, options)
+        started_interception = not _state.started
+        if started_interception:
+            _api.configure()  # [tool.aiocop] if the project has one
+        started_watchdog = not _watchdog.watchdog.running
+        if options["threshold_ms"] is not None or started_watchdog:
+            _api.detect_slow_tasks(threshold_ms=options["threshold_ms"] or _state.config.threshold_ms)
+        self._started = (started_interception, started_watchdog)
+        self._recorder = recorder
+        _callbacks.add_observer(recorder)
+        if recorder.span_events:
+            _callbacks.add_call_observer(recorder.on_call)
+        if options["probe_interval_ms"]:
+            self._probe = DelayProbe(
+                options["probe_interval_ms"] / 1000.0,
+                recorder.delay.record,
+                lambda: _state.config.threshold_ms / 1000.0,
+            )
+            self._probe.start()
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        if self._probe is not None:
+            self._probe.stop()
+            self._probe = None
+        if self._recorder is not None:
+            _callbacks.remove_observer(self._recorder)
+            _callbacks.remove_call_observer(self._recorder.on_call)
+            self._recorder = None
+        started_interception, started_watchdog = self._started
+        if started_interception:
+            _api.stop()
+        elif started_watchdog:
+            _api.stop_watchdog()
+        self._started = (False, False)

@@ -1,0 +1,52 @@
+"""A service run as several worker processes, each exposing aiocop's metrics for Prometheus.
+
+Run it with uvicorn or Granian, several workers, and a folder Prometheus
+watches for targets (`file_sd_configs`, see docs/how-to/prometheus.md):
+
+    AIOCOP_PROMETHEUS_TARGETS=/tmp/aiocop-targets \\
+        uvicorn fleet_app:app --app-dir examples/opentelemetry --workers 4
+    AIOCOP_PROMETHEUS_TARGETS=/tmp/aiocop-targets \\
+        granian --interface asgi --workers 4 --working-dir examples/opentelemetry fleet_app:app
+
+tests/test_prometheus.py runs it with a real Prometheus server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import TYPE_CHECKING
+
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from worker_metrics import serve_metrics
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+# --8<-- [start:setup]
+serve_metrics("fleet-demo", os.environ["AIOCOP_PROMETHEUS_TARGETS"])
+# --8<-- [end:setup]
+
+
+async def clean(request: Request) -> JSONResponse:
+    await asyncio.sleep(0)
+    return JSONResponse({"pid": os.getpid()})
+
+
+async def blocking(request: Request) -> JSONResponse:
+    os.stat(__file__)  # FLEET-BLOCKING: a blocking call on the loop
+    return JSONResponse({"pid": os.getpid()})
+
+
+async def stalling(request: Request) -> JSONResponse:
+    # CPU-bound work that holds the loop for 100 ms (3x the default threshold).
+    end = time.perf_counter() + 0.1
+    while time.perf_counter() < end:  # FLEET-STALL
+        pass
+    return JSONResponse({"pid": os.getpid()})
+
+
+app = Starlette(routes=[Route("/clean", clean), Route("/blocking", blocking), Route("/stalling", stalling)])

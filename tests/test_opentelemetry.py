@@ -1,0 +1,392 @@
+"""aiocop.opentelemetry: metrics and span events, read back from the OpenTelemetry SDK's in-memory reader.
+
+Every stall is at least 3x the threshold and every wait is for the points to
+arrive, never a fixed sleep: nothing here depends on the machine's speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import aiocop
+from aiocop import _callbacks, _loops, _state, _watchdog
+from aiocop.opentelemetry import DELAY_BUCKETS, AiocopInstrumentor
+from tests import stalls
+from tests.conftest import ROOT, loop_factory, quiet_rloop, reset_aiocop, run_on, xfail_on_veloxloop
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from opentelemetry import trace
+
+THRESHOLD_MS = 20
+STALL_S = 0.08  # 4x the threshold
+
+
+class Metrics:
+    """The points an InMemoryMetricReader holds, by instrument name."""
+
+    def __init__(self, reader: InMemoryMetricReader) -> None:
+        self.reader = reader
+
+    def points(self, name: str) -> list[Any]:
+        data = self.reader.get_metrics_data()
+        if data is None:
+            return []
+        return [
+            point
+            for resource in data.resource_metrics
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+            if metric.name == name
+            for point in metric.data.data_points
+        ]
+
+    def total(self, name: str, **attributes: Any) -> float:
+        """The sum of the counter's points whose attributes include these."""
+        return sum(
+            point.value
+            for point in self.points(name)
+            if all(point.attributes.get(key.replace("_", ".")) == value for key, value in attributes.items())
+        )
+
+    def wait_for(self, name: str, at_least: float = 1, timeout: float = 10.0, **attributes: Any) -> float:
+        deadline = time.monotonic() + timeout
+        while (total := self.total(name, **attributes)) < at_least and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return total
+
+
+@pytest.fixture
+def instrumented() -> Iterator[tuple[Metrics, dict[str, Any]]]:
+    """Instrumented as an application would be, on a process where aiocop was not set up; undone after."""
+    reader = InMemoryMetricReader()
+    options: dict[str, Any] = {"meter_provider": MeterProvider(metric_readers=[reader]), "threshold_ms": THRESHOLD_MS}
+    try:
+        yield Metrics(reader), options
+    finally:
+        instrumentor = AiocopInstrumentor()
+        if instrumentor.is_instrumented_by_opentelemetry:
+            instrumentor.uninstrument()
+        reset_aiocop()
+
+
+def line_of(function: Any, marker: str) -> int:
+    lines, first = __import__("inspect").getsourcelines(function)
+    return first + next(i for i, text in enumerate(lines) if marker in text)
+
+
+async def stat_then_stall() -> None:
+    os.stat(ROOT)  # OTEL-STAT
+    await asyncio.sleep(0.05)
+    stalls.spin(STALL_S)
+    await asyncio.sleep(0.05)
+
+
+def test_a_blocking_call_and_a_stall_on_every_loop(
+    instrumented: tuple[Metrics, dict[str, Any]], loop_name: str
+) -> None:
+    """The issue's "done means": an os.stat at its line, and the 80 ms stall in the delay histogram."""
+    metrics, options = instrumented
+    AiocopInstrumentor().instrument(**options)
+    run_on(loop_name, stat_then_stall())
+
+    here = os.path.relpath(__file__, os.getcwd())
+    assert metrics.wait_for("aiocop.stalls") == 1
+    calls = [p for p in metrics.points("aiocop.blocking_calls") if p.attributes["aiocop.event"] == "os.stat"]
+    assert [(dict(p.attributes), p.value) for p in calls] == [
+        (
+            {
+                "code.file.path": here,
+                "code.line.number": line_of(stat_then_stall, "OTEL-STAT"),
+                "code.function.name": "stat_then_stall",
+                "aiocop.event": "os.stat",
+                "aiocop.severity": "low",
+            },
+            1,
+        )
+    ]
+    (stall,) = metrics.points("aiocop.stalls")
+    assert stall.attributes["code.function.name"] == "spin"
+    assert stall.attributes["code.line.number"] == line_of(stalls.spin, "# STALLS")
+    (delay,) = metrics.points("asyncio.eventloop.delay")
+    assert delay.max >= STALL_S
+    assert tuple(delay.explicit_bounds) == DELAY_BUCKETS
+    # Blocked time: the stall's length at its line, and the call's (however short) at its.
+    assert metrics.total("aiocop.loop.blocked_time", code_function_name="spin") >= STALL_S
+    assert metrics.total("aiocop.loop.blocked_time", code_function_name="stat_then_stall") > 0
+
+
+def test_instrument_starts_detection_and_uninstrument_stops_what_it_started(
+    instrumented: tuple[Metrics, dict[str, Any]],
+) -> None:
+    metrics, options = instrumented
+    assert not _state.started and not _watchdog.watchdog.running
+    AiocopInstrumentor().instrument(**options)
+    assert _state.started and _watchdog.watchdog.running
+    assert _state.config.threshold_ms == THRESHOLD_MS
+    AiocopInstrumentor().uninstrument()
+    assert not _state.started and not _watchdog.watchdog.running
+    assert not _callbacks.listening() and not _loops.listeners
+    asyncio.run(stat_then_stall())
+    assert metrics.points("aiocop.blocking_calls") == []
+
+
+def test_uninstrument_leaves_detection_the_application_started(instrumented: tuple[Metrics, dict[str, Any]]) -> None:
+    _, options = instrumented
+    aiocop.start_blocking_io_detection()
+    aiocop.detect_slow_tasks(threshold_ms=50)
+    del options["threshold_ms"]
+    AiocopInstrumentor().instrument(**options)
+    assert _state.config.threshold_ms == 50  # as the application set it
+    AiocopInstrumentor().uninstrument()
+    assert _state.started and _watchdog.watchdog.running
+
+
+def test_clearing_the_applications_callbacks_keeps_the_metrics(instrumented: tuple[Metrics, dict[str, Any]]) -> None:
+    """1.x test suites clear callbacks between tests: the instrumentor is not one of them."""
+    metrics, options = instrumented
+    AiocopInstrumentor().instrument(**options)
+    aiocop.clear_slow_task_callbacks()
+    asyncio.run(stat_then_stall())
+    assert metrics.wait_for("aiocop.blocking_calls", aiocop_event="os.stat") == 1
+
+
+async def probe_for(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+def test_the_probe_measures_a_healthy_loop_and_leaves_it_when_it_stops(
+    instrumented: tuple[Metrics, dict[str, Any]], loop_name: str
+) -> None:
+    metrics, options = instrumented
+    interval_s = 0.02
+    AiocopInstrumentor().instrument(**options, probe_interval_ms=interval_s * 1000)
+    probe = AiocopInstrumentor()._probe
+    assert probe is not None
+    with quiet_rloop(loop_name):
+        loop = loop_factory(loop_name)()
+        try:
+            for _ in range(2):  # the same loop run twice: one probe each time, never two at once
+                before = time.perf_counter()
+                count_before = sum(p.count for p in metrics.points("asyncio.eventloop.delay"))
+                loop.run_until_complete(probe_for(0.5))
+                ran = time.perf_counter() - before
+                assert not probe.probing(loop), "a stopped loop keeps no probe"
+                (delay,) = metrics.points("asyncio.eventloop.delay")
+                ticks = delay.count - count_before
+                # A probe every 20 ms: at most one per interval (two probes would double it),
+                # and a few at least even on a busy machine.
+                assert 3 <= ticks <= ran / interval_s + 1
+                assert delay.max < THRESHOLD_MS / 1000  # a healthy loop's delays, below any stall
+        finally:
+            loop.close()
+
+
+def test_call_sites_are_capped_per_process(
+    instrumented: tuple[Metrics, dict[str, Any]], caplog: pytest.LogCaptureFixture
+) -> None:
+    metrics, options = instrumented
+    AiocopInstrumentor().instrument(**options, max_call_sites=2)
+
+    async def four_sites() -> None:
+        os.stat(ROOT)
+        os.stat(ROOT)
+        os.stat(ROOT)
+        os.stat(ROOT)
+
+    with caplog.at_level(logging.WARNING, logger="aiocop"):
+        asyncio.run(four_sites())
+    points = {
+        (p.attributes["code.file.path"], p.attributes.get("code.line.number")): p.value
+        for p in metrics.points("aiocop.blocking_calls")
+    }
+    first = line_of(four_sites, "os.stat")
+    here = os.path.relpath(__file__, os.getcwd())
+    assert points == {(here, first): 1, (here, first + 1): 1, ("other", None): 2}
+    assert [r.getMessage() for r in caplog.records].count(
+        "aiocop: more than 2 call sites in this process: the others are counted under code.file.path='other' "
+        "in the metrics (raise max_call_sites to name more)"
+    ) == 1
+
+
+@pytest.fixture
+def spans() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+def tracer_of(exporter: InMemorySpanExporter) -> tuple[TracerProvider, trace.Tracer]:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, provider.get_tracer("test")
+
+
+def test_span_events_land_on_the_span_current_at_the_call(
+    instrumented: tuple[Metrics, dict[str, Any]],
+    spans: InMemorySpanExporter,
+    loop_name: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Two requests at once, each in its span: each span holds its own request's call or stall."""
+    xfail_on_veloxloop(request, loop_name)  # its tasks share one context: so do their current spans
+    metrics, options = instrumented
+    provider, tracer = tracer_of(spans)
+    AiocopInstrumentor().instrument(**options, tracer_provider=provider)
+
+    async def blocking() -> None:
+        with tracer.start_as_current_span("request-A"):
+            await asyncio.sleep(0.01)
+            os.stat(ROOT)  # SPAN-STAT
+            await asyncio.sleep(0.2)
+
+    async def stalling() -> None:
+        with tracer.start_as_current_span("request-B"):
+            await asyncio.sleep(0.01)
+            stalls.spin(STALL_S)
+            await asyncio.sleep(0.2)
+
+    async def main() -> None:
+        await asyncio.gather(blocking(), stalling())
+
+    run_on(loop_name, main())
+    metrics.wait_for("aiocop.stalls")
+    events = {
+        span.name: [(e.name, dict(e.attributes or {})) for e in span.events] for span in spans.get_finished_spans()
+    }
+    here = os.path.relpath(__file__, os.getcwd())
+    assert events["request-A"] == [
+        (
+            "aiocop.blocking_call",
+            {
+                "code.file.path": here,
+                "code.line.number": line_of(blocking, "SPAN-STAT"),
+                "code.function.name": "blocking",
+                "aiocop.event": "os.stat",
+                "aiocop.call": f"os.stat({ROOT})",
+            },
+        )
+    ]
+    ((name, stall),) = events["request-B"]
+    assert name == "aiocop.stall"
+    assert stall["code.function.name"] == "spin"
+    assert stall["aiocop.duration"] >= STALL_S
+
+
+def test_span_events_are_rate_limited_per_call_site(
+    instrumented: tuple[Metrics, dict[str, Any]], spans: InMemorySpanExporter
+) -> None:
+    metrics, options = instrumented
+    provider, tracer = tracer_of(spans)
+    AiocopInstrumentor().instrument(**options, tracer_provider=provider, span_events_per_second=0.01)
+
+    async def main() -> None:
+        with tracer.start_as_current_span("request"):
+            for _ in range(5):
+                os.stat(ROOT)  # one site, five steps
+                await asyncio.sleep(0)
+            os.stat(ROOT)  # another site
+
+    asyncio.run(main())
+    (span,) = spans.get_finished_spans()
+    assert [e.attributes["code.line.number"] for e in span.events if e.attributes] == [
+        line_of(main, "five steps"),
+        line_of(main, "another site"),
+    ]
+    assert metrics.total("aiocop.blocking_calls", aiocop_event="os.stat") == 6  # the metrics count every call
+
+
+def test_span_events_can_be_switched_off(
+    instrumented: tuple[Metrics, dict[str, Any]], spans: InMemorySpanExporter
+) -> None:
+    _, options = instrumented
+    _, tracer = tracer_of(spans)
+    AiocopInstrumentor().instrument(**options, span_events=False)
+
+    async def main() -> None:
+        with tracer.start_as_current_span("request"):
+            os.stat(ROOT)
+
+    asyncio.run(main())
+    (span,) = spans.get_finished_spans()
+    assert span.events == ()
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"treshold_ms": 20}, TypeError, "unknown option 'treshold_ms' (did you mean 'threshold_ms'?)"),
+        ({"max_call_sites": 0}, ValueError, "max_call_sites must be >= 1, not 0"),
+        ({"span_events": "yes"}, TypeError, "span_events must be a bool, not str: 'yes'"),
+        ({"probe_interval_ms": -1}, ValueError, "probe_interval_ms must be >= 0"),
+        ({"span_events_per_second": 0}, ValueError, "span_events_per_second must be > 0"),
+        ({"threshold_ms": "20"}, TypeError, "threshold_ms must be a number of milliseconds, not str: '20'"),
+    ],
+)
+def test_bad_options_are_named(
+    instrumented: tuple[Metrics, dict[str, Any]], options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error) as raised:
+        AiocopInstrumentor().instrument(**options)
+    assert message in str(raised.value)
+    assert not AiocopInstrumentor().is_instrumented_by_opentelemetry
+    assert not _state.started, "a bad option changes nothing"
+
+
+SCRIPT = """
+import asyncio, os
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from aiocop.opentelemetry import AiocopInstrumentor
+
+# The global provider, set after the instrumentor ran: its meter follows.
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+
+async def main():
+    os.stat(".")
+
+asyncio.run(main())
+assert AiocopInstrumentor().is_instrumented_by_opentelemetry
+for m in reader.get_metrics_data().resource_metrics[0].scope_metrics[0].metrics:
+    for p in m.data.data_points:
+        if m.name == "aiocop.blocking_calls":
+            print(m.name, p.attributes["aiocop.event"], p.attributes["code.line.number"], p.value)
+"""
+
+
+def test_opentelemetry_instrument_switches_it_on_with_no_code(tmp_path: Path) -> None:
+    """`opentelemetry-instrument python app.py` finds aiocop through its entry point."""
+    script = tmp_path / "app.py"
+    script.write_text(SCRIPT)
+    command = Path(sys.executable).parent / "opentelemetry-instrument"
+    result = subprocess.run(
+        [str(command), sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_LOGS_EXPORTER": "none",
+        },
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["aiocop.blocking_calls os.stat 13 1"], result.stderr

@@ -1,0 +1,276 @@
+"""A real Prometheus server scrapes a multi-worker app instrumented with AiocopInstrumentor.
+
+The app is examples/opentelemetry/fleet_app.py, served by uvicorn and by
+Granian with several worker processes; each worker serves its own /metrics
+(OpenTelemetry's Prometheus exporter) and lists it in a folder Prometheus
+watches (`file_sd_configs`). Requests go out with httpx (clean, blocking and
+stalling ones); then Prometheus' HTTP API is queried: the counts per call site
+summed over the workers equal what the workers themselves report and what was
+sent, and the loop-delay histogram holds the stalls. The PromQL queries of
+docs/how-to/prometheus.md run here too.
+
+Needs the `prometheus` binary (Debian's package; `.ci/run` installs it). Without
+it the tests skip, saying so, unless AIOCOP_REQUIRE_PROMETHEUS is set, as in CI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.asgi_servers import HOST, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+APP_DIR = ROOT / "examples" / "opentelemetry"
+APP_FILE = "examples/opentelemetry/fleet_app.py"  # code.file.path: relative to the working directory
+WORKERS = 3
+BLOCKING, STALLING, CLEAN = 24, 6, 24
+PROMETHEUS = shutil.which("prometheus") or next(
+    (p for p in ("/usr/bin/prometheus", "/usr/local/bin/prometheus") if os.path.exists(p)), None
+)
+
+if PROMETHEUS is None:
+    if os.environ.get("AIOCOP_REQUIRE_PROMETHEUS"):
+        raise RuntimeError("AIOCOP_REQUIRE_PROMETHEUS is set, but no prometheus binary was found")
+    pytestmark = pytest.mark.skip(reason="no prometheus binary here (Debian: apt-get install prometheus)")
+
+
+def line_of(marker: str) -> str:
+    lines = (ROOT / APP_FILE).read_text().splitlines()
+    return str(next(i for i, text in enumerate(lines, 1) if marker in text))
+
+
+def wait_until(what: str, check: Any, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(httpx.TransportError):
+            result = check()
+            if result:
+                return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+class Prometheus:
+    """A Prometheus server on 127.0.0.1 scraping every target listed in `targets`, every second."""
+
+    def __init__(self, workdir: Path, targets: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        config = workdir / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: fleet-demo\n    file_sd_configs:\n"
+            f"      - files: ['{targets}/*.json']\n        refresh_interval: 1s\n"
+        )
+        self.log = workdir / "prometheus.log"
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [
+                    str(PROMETHEUS),
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={workdir / 'data'}",
+                    f"--web.listen-address={HOST}:{self.port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.client = httpx.Client(base_url=self.url, trust_env=False, timeout=5.0)
+        wait_until("Prometheus to be ready", lambda: self._alive() and self.client.get("/-/ready").status_code == 200)
+
+    def _alive(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"prometheus exited with {self.process.returncode}:\n{self.log.read_text()}")
+        return True
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        self._alive()
+        answer = self.client.get("/api/v1/query", params={"query": promql}).json()
+        assert answer["status"] == "success", answer
+        return answer["data"]["result"]  # type: ignore[no-any-return]
+
+    def value(self, promql: str) -> float | None:
+        result = self.query(promql)
+        return float(result[0]["value"][1]) if result else None
+
+    def healthy_targets(self) -> int:
+        active = self.client.get("/api/v1/targets").json()["data"]["activeTargets"]
+        return sum(1 for target in active if target["health"] == "up")
+
+    def stop(self) -> None:
+        self.client.close()
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def server_command(kind: str, port: int) -> list[str]:
+    if kind == "uvicorn":
+        return [
+            *(sys.executable, "-m", "uvicorn", "fleet_app:app", "--app-dir", str(APP_DIR), "--workers", str(WORKERS)),
+            *("--host", HOST, "--port", str(port), "--log-level", "warning", "--no-access-log"),
+        ]
+    return [
+        *(sys.executable, "-m", "granian", "fleet_app:app", "--working-dir", str(APP_DIR), "--interface", "asgi"),
+        *("--workers", str(WORKERS), "--host", HOST, "--port", str(port), "--log-level", "warning"),
+    ]
+
+
+def worker_totals(targets: Path) -> dict[str, float]:
+    """What each worker's own /metrics says, summed over the workers, per series of interest."""
+    totals: dict[str, float] = {}
+    for listing in targets.glob("*.json"):
+        address = __import__("json").loads(listing.read_text())[0]["targets"][0]
+        text = httpx.get(f"http://{address}/metrics", trust_env=False, timeout=5.0).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "aiocop_blocking_calls_total":
+                    key = f"calls:{sample.labels['code_line_number']}"
+                elif sample.name == "aiocop_stalls_total":
+                    key = f"stalls:{sample.labels['code_line_number']}"
+                elif sample.name == "asyncio_eventloop_delay_seconds_bucket" and sample.labels["le"] in (
+                    "0.05",
+                    "+Inf",
+                ):
+                    key = f"delay_le_{sample.labels['le']}"
+                else:
+                    continue
+                totals[key] = totals.get(key, 0.0) + sample.value
+    return totals
+
+
+async def drive(url: str, blocking: int, stalling: int, clean: int) -> set[int]:
+    """The requests, interleaved and a few at a time; the worker processes that served them."""
+    paths = ["/blocking"] * blocking + ["/stalling"] * stalling + ["/clean"] * clean
+    order = paths[::2] + paths[1::2]
+    served: set[int] = set()
+    limit = asyncio.Semaphore(6)
+    async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=30.0) as client:
+
+        async def one(path: str) -> None:
+            async with limit:
+                response = await client.get(path)
+                response.raise_for_status()
+                served.add(response.json()["pid"])
+
+        await asyncio.gather(*(one(path) for path in order))
+    return served
+
+
+@pytest.mark.parametrize("kind", ["uvicorn", "granian"])
+def test_prometheus_sums_the_workers_of_a_fleet(kind: str, tmp_path: Path) -> None:
+    targets = tmp_path / "targets"
+    targets.mkdir()
+    prometheus = Prometheus(tmp_path, targets)
+    port = free_port()
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            server_command(kind, port),
+            cwd=ROOT,
+            env={**os.environ, "AIOCOP_PROMETHEUS_TARGETS": str(targets)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        url = f"http://{HOST}:{port}"
+
+        def ready() -> bool:
+            if server.poll() is not None:
+                raise RuntimeError(f"{kind} exited with {server.returncode}:\n{log.read_text()}")
+            return (
+                len(list(targets.glob("*.json"))) == WORKERS and httpx.get(f"{url}/clean", trust_env=False).is_success
+            )
+
+        wait_until(f"{WORKERS} {kind} workers", ready)
+        wait_until("Prometheus to scrape every worker", lambda: prometheus.healthy_targets() == WORKERS)
+
+        blocking_line, stall_line = line_of("FLEET-BLOCKING"), line_of("FLEET-STALL")
+        calls_query = (
+            f'sum(aiocop_blocking_calls_total{{job="fleet-demo", code_file_path="{APP_FILE}", '
+            f'code_line_number="{blocking_line}", code_function_name="blocking", aiocop_event="os.stat"}})'
+        )
+        stalls_query = f'sum(aiocop_stalls_total{{code_line_number="{stall_line}", code_function_name="stalling"}})'
+        # One of each first, scraped, so that the dashboards' increase() and rate() see the rest arrive.
+        served = asyncio.run(drive(url, 1, 1, 0))
+        wait_until(
+            "Prometheus to see the first call and stall",
+            lambda: prometheus.value(calls_query) == 1 and prometheus.value(stalls_query) == 1,
+        )
+        served |= asyncio.run(drive(url, BLOCKING - 1, STALLING - 1, CLEAN))
+
+        # What the workers report, once every stall's report is in (the watchdog's, just after each).
+        reported = wait_until(
+            "the workers to report every call and stall",
+            lambda: (
+                (t := worker_totals(targets))
+                and t.get(f"calls:{blocking_line}") == BLOCKING
+                and t.get(f"stalls:{stall_line}") == STALLING
+                and t
+            ),
+            timeout=30,
+        )
+        # Prometheus' sums over the workers, once a scrape has taken them all.
+        wait_until(
+            "Prometheus to hold the workers' totals",
+            lambda: prometheus.value(calls_query) == BLOCKING and prometheus.value(stalls_query) == STALLING,
+            timeout=30,
+        )
+        assert prometheus.value(calls_query) == reported[f"calls:{blocking_line}"] == BLOCKING
+        assert prometheus.value(stalls_query) == reported[f"stalls:{stall_line}"] == STALLING
+        # The histogram: the probe's healthy delays under 50 ms, the stalls (100 ms each) above.
+        above = (
+            'sum(asyncio_eventloop_delay_seconds_bucket{le="+Inf"}) '
+            '- sum(asyncio_eventloop_delay_seconds_bucket{le="0.05"})'
+        )
+        wait_until("the stalls in the delay histogram", lambda: prometheus.value(above) == STALLING, timeout=30)
+        assert reported["delay_le_+Inf"] - reported["delay_le_0.05"] == STALLING
+        assert prometheus.value('sum(asyncio_eventloop_delay_seconds_bucket{le="0.05"})') > 0  # the probe's
+
+        # The dashboards' queries of docs/how-to/prometheus.md.
+        # (increase() and rate() need two scrapes of a series: they answer a second or two later.)
+        top = wait_until("an answer to the top call sites query", lambda: prometheus.query(TOP_SITES), timeout=30)
+        assert top[0]["metric"]["code_function_name"] == "blocking"
+        assert top[0]["metric"]["code_line_number"] == blocking_line
+        # increase() counts from each worker's first scraped value of a series: what a worker had
+        # counted before that scrape is not in it (Prometheus' way with counters that appear).
+        assert float(top[0]["value"][1]) > 0
+        p99 = wait_until("an answer to the p99 query", lambda: prometheus.query(P99_DELAY), timeout=30)
+        assert [r["metric"]["job"] for r in p99] == ["fleet-demo"]
+        print(f"\n{kind}: {len(served)} of {WORKERS} workers served requests")
+        print(f"{TOP_SITES}\n  -> {[(r['metric'], r['value'][1]) for r in top]}")
+        print(f"{P99_DELAY}\n  -> {[(r['metric'], r['value'][1]) for r in p99]}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        prometheus.stop()
+
+
+# The queries of docs/how-to/prometheus.md, over the last 5 minutes (the test's whole life).
+TOP_SITES = (
+    "topk(10, sum by (code_file_path, code_line_number, code_function_name, aiocop_event) "
+    "(increase(aiocop_blocking_calls_total[5m])))"
+)
+P99_DELAY = "histogram_quantile(0.99, sum by (job, le) (rate(asyncio_eventloop_delay_seconds_bucket[5m])))"
