@@ -67,9 +67,9 @@ class Preset:
     scaling_reps: dict[int, int] = field(default_factory=dict)
 
 
-ALL_ASGI_MODES = ("baseline", "aiocop", "aiocop+watchdog", "aiocop+middleware")
+ALL_ASGI_MODES = ("baseline", "aiocop", "aiocop+watchdog", "aiocop+middleware", "aiocop+otel")
 ECHO_MODES = ("baseline", "aiocop", "aiocop+watchdog")
-PERTASK_MODES = ("baseline", "aiocop", "aiocop+watchdog")
+PERTASK_MODES = ("baseline", "aiocop", "aiocop+watchdog", "aiocop+otel")
 
 FULL = Preset(
     # The pure task is cheap and has the tightest target: more tasks.
@@ -77,7 +77,7 @@ FULL = Preset(
     pertask_reps=3,
     pertask_rounds=5,
     pertask_modes=PERTASK_MODES,
-    pertask_all_modes_loops=("asyncio", "uvloop"),  # the watchdog variant on the targets' loops only
+    pertask_all_modes_loops=("asyncio", "uvloop"),  # the watchdog and otel variants on the targets' loops only
     asgi_modes=ALL_ASGI_MODES,
     echo_modes=ECHO_MODES,
     throughput_rounds=3,

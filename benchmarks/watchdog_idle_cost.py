@@ -1,8 +1,11 @@
-"""CPU cost of the stall watchdog in an idle process.
+"""CPU cost of the stall watchdog, and of the OpenTelemetry instrumentor's loop-delay probe, in an idle process.
 
 Each run is a separate process with an event loop waiting for I/O for
-`--seconds`; the baseline never imports aiocop. Runs alternate (A B A B ...)
-and the script prints each side's CPU time as a share of one core.
+`--seconds`; the baseline never imports aiocop, `aiocop` runs detection and
+the watchdog, `aiocop+otel` adds `AiocopInstrumentor` (its probe: a timer
+every 100 ms on the loop, each lateness recorded). Runs alternate
+(A B C A B C ...) and the script prints each one's CPU time as a share of one
+core; the probe's own cost is `aiocop+otel` minus `aiocop`.
 
     python benchmarks/watchdog_idle_cost.py [--seconds 10] [--rounds 3]
 """
@@ -17,10 +20,15 @@ import sys
 CHILD = r"""
 import asyncio, resource, sys, time
 mode, seconds = sys.argv[1], float(sys.argv[2])
-if mode == "aiocop":
+if mode != "baseline":
     import aiocop
     aiocop.start_blocking_io_detection()
     aiocop.detect_slow_tasks(threshold_ms=30)
+if mode == "aiocop+otel":
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from aiocop.opentelemetry import AiocopInstrumentor
+    AiocopInstrumentor().instrument(meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]))
 async def main():
     await asyncio.sleep(0.2)  # start-up done
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -37,7 +45,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    results: dict[str, list[float]] = {"baseline": [], "aiocop": []}
+    results: dict[str, list[float]] = {"baseline": [], "aiocop": [], "aiocop+otel": []}
     for _ in range(args.rounds):
         for mode, values in results.items():
             out = subprocess.run(
@@ -46,7 +54,7 @@ def main() -> None:
             values.append(float(out.stdout))
     for mode, values in results.items():
         spread = statistics.stdev(values) if len(values) > 1 else 0.0
-        print(f"{mode:9} idle CPU: median {statistics.median(values):.3f} % of a core (± {spread:.3f}), runs {values}")
+        print(f"{mode:11} idle CPU: median {statistics.median(values):.3f} % of a core (± {spread:.3f}), runs {values}")
 
 
 if __name__ == "__main__":

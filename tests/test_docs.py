@@ -68,3 +68,12 @@ def test_the_site_link_check_finds_links_that_open_no_file(tmp_path: Path) -> No
     )
     (tmp_path / "404.html").write_text('<a href="/anywhere.html">served at any depth</a>')
     assert sorted(site_links.broken_links(str(tmp_path))) == ["guide/page.html: missing.png", "index.html: guide/"]
+
+
+def test_opentelemetry_page_is_up_to_date() -> None:
+    from aiocop import _docs_otel
+
+    page = ROOT / "docs" / "reference" / "opentelemetry.md"
+    assert page.read_text(encoding="utf-8") == _docs_otel.render(), (
+        "regenerate with: python -m aiocop._docs_otel > docs/reference/opentelemetry.md"
+    )

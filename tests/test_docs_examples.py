@@ -24,6 +24,7 @@ import pytest
 
 import aiocop
 import aiocop.asgi
+import aiocop.opentelemetry
 import aiocop.structlog
 from aiocop import _docs_options
 from tests.asgi_servers import free_port
@@ -44,6 +45,9 @@ RUN_ELSEWHERE = {
     "examples/pytest/test_example.py": "tests/test_pytest_plugin.py",
     "examples/pytest/uvloop_conftest.py": "tests/test_pytest_plugin.py",
     "examples/configuration/app.py": "tests/test_config.py",
+    "examples/opentelemetry/otlp.py": "tests/test_opentelemetry.py",
+    "examples/opentelemetry/fleet_app.py": "tests/test_prometheus.py",
+    "examples/opentelemetry/worker_metrics.py": "tests/test_prometheus.py",
 }
 # Examples run here, by the test named.
 RUN_HERE = {
@@ -121,7 +125,12 @@ def test_every_public_name_is_in_the_api_reference() -> None:
     pages = (DOCS / "reference" / "api.md").read_text(encoding="utf-8")
     pages += (DOCS / "reference" / "api-integrations.md").read_text(encoding="utf-8")
     documented = set(re.findall(r"^::: ([\w.]+)$", pages, re.M))
-    modules = {"aiocop": aiocop, "aiocop.asgi": aiocop.asgi, "aiocop.structlog": aiocop.structlog}
+    modules = {
+        "aiocop": aiocop,
+        "aiocop.asgi": aiocop.asgi,
+        "aiocop.structlog": aiocop.structlog,
+        "aiocop.opentelemetry": aiocop.opentelemetry,
+    }
     for module_name, module in modules.items():
         missing = {f"{module_name}.{name}" for name in module.__all__} - documented
         assert not missing, f"not on the API reference pages: {sorted(missing)}"

@@ -7,10 +7,13 @@ arrive, never a fixed sleep: nothing here depends on the machine's speed.
 from __future__ import annotations
 
 import asyncio
+import gzip
+import http.server
 import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import aiocop
 from aiocop import _callbacks, _loops, _state, _watchdog
-from aiocop.opentelemetry import DELAY_BUCKETS, AiocopInstrumentor
+from aiocop.opentelemetry import _DEFAULTS, ATTRIBUTES, DELAY_BUCKETS, SIGNALS, AiocopInstrumentor
 from tests import stalls
 from tests.conftest import ROOT, loop_factory, quiet_rloop, reset_aiocop, run_on, xfail_on_veloxloop
 
@@ -390,3 +393,141 @@ def test_opentelemetry_instrument_switches_it_on_with_no_code(tmp_path: Path) ->
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["aiocop.blocking_calls os.stat 13 1"], result.stderr
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP receiver on 127.0.0.1 (what a Collector's `otlp` receiver takes), keeping what it gets."""
+
+    def __init__(self) -> None:
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        kinds = {"/v1/metrics": ExportMetricsServiceRequest, "/v1/traces": ExportTraceServiceRequest}
+        self.received: dict[str, list[Any]] = {path: [] for path in kinds}
+        received = self.received
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                received[self.path].append(kinds[self.path].FromString(body))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def metrics(self) -> dict[str, list[Any]]:
+        points: dict[str, list[Any]] = {}
+        for request in self.received["/v1/metrics"]:
+            for resource in request.resource_metrics:
+                for scope in resource.scope_metrics:
+                    for metric in scope.metrics:
+                        kind = metric.WhichOneof("data")
+                        points.setdefault(metric.name, []).extend(getattr(metric, kind).data_points)
+        return points
+
+    def span_events(self) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+        return {
+            span.name: [(e.name, {a.key: _otlp_value(a.value) for a in e.attributes}) for e in span.events]
+            for request in self.received["/v1/traces"]
+            for resource in request.resource_spans
+            for scope in resource.scope_spans
+            for span in scope.spans
+        }
+
+
+def _otlp_value(value: Any) -> Any:
+    return getattr(value, value.WhichOneof("value"))
+
+
+def test_the_otlp_example_reaches_an_otlp_receiver() -> None:
+    """examples/opentelemetry/otlp.py, unchanged, exporting to an OTLP/HTTP receiver as it would to a Collector."""
+    receiver = OtlpReceiver()
+    try:
+        subprocess.run(
+            [sys.executable, "examples/opentelemetry/otlp.py"],
+            cwd=ROOT,
+            env={**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url},
+            timeout=60,
+            check=True,
+        )
+    finally:
+        receiver.server.shutdown()
+        receiver.server.server_close()
+    source = (Path(ROOT) / "examples" / "opentelemetry" / "otlp.py").read_text().splitlines()
+    blocking_line = next(i for i, text in enumerate(source, 1) if "OTLP-BLOCKING" in text)
+    stall_line = next(i for i, text in enumerate(source, 1) if "OTLP-STALL" in text)
+
+    metrics = receiver.metrics()
+    calls = [({a.key: _otlp_value(a.value) for a in p.attributes}, p.as_int) for p in metrics["aiocop.blocking_calls"]]
+    ((attributes, count),) = [(a, n) for a, n in calls if a["aiocop.event"] == "os.stat"]
+    assert attributes == {
+        "code.file.path": "examples/opentelemetry/otlp.py",
+        "code.line.number": blocking_line,
+        "code.function.name": "handle_request",
+        "aiocop.event": "os.stat",
+        "aiocop.severity": "low",
+    }
+    assert count == 1
+    (stall,) = metrics["aiocop.stalls"]
+    assert {a.key: _otlp_value(a.value) for a in stall.attributes}["code.line.number"] == stall_line
+    (delay,) = metrics["asyncio.eventloop.delay"]
+    assert delay.max >= 0.08  # the 100 ms stall, as the watchdog timed it (to a few ms)
+    assert list(delay.explicit_bounds) == list(DELAY_BUCKETS)
+
+    events = receiver.span_events()["GET /report"]
+    assert [(name, attrs["code.line.number"]) for name, attrs in events] == [
+        ("aiocop.blocking_call", blocking_line),
+        ("aiocop.stall", stall_line),
+    ]
+
+
+def test_what_is_recorded_is_what_the_reference_page_lists(
+    instrumented: tuple[Metrics, dict[str, Any]], spans: InMemorySpanExporter
+) -> None:
+    """Names, kinds, units and attribute keys, as docs/reference/opentelemetry.md (made from SIGNALS) shows them."""
+    metrics, options = instrumented
+    provider, tracer = tracer_of(spans)
+    AiocopInstrumentor().instrument(**options, tracer_provider=provider)
+
+    async def main() -> None:
+        with tracer.start_as_current_span("request"):
+            os.stat(ROOT)
+            stalls.spin(STALL_S)
+            await asyncio.sleep(0.2)
+
+    asyncio.run(main())
+    metrics.wait_for("aiocop.stalls")
+    data = metrics.reader.get_metrics_data()
+    assert data is not None
+    recorded = {
+        m.name: (type(m.data).__name__, m.unit, {k for p in m.data.data_points for k in p.attributes})
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for m in scope.metrics
+    }
+    kinds = {"histogram": "Histogram", "counter": "Sum"}
+    assert recorded == {s.name: (kinds[s.kind], s.unit, set(s.attributes)) for s in SIGNALS if s.kind != "span event"}
+    (span,) = spans.get_finished_spans()
+    events = {e.name: set(e.attributes or {}) for e in span.events}
+    assert events == {s.name: set(s.attributes) for s in SIGNALS if s.kind == "span event"}
+    assert set(ATTRIBUTES) == {a for s in SIGNALS for a in s.attributes}
+
+
+def test_the_how_to_lists_every_option_with_its_default() -> None:
+    page = (Path(ROOT) / "docs" / "how-to" / "opentelemetry.md").read_text(encoding="utf-8")
+    table = page.split("| option | default | what it does |", 1)[1].split("\n\n", 1)[0]
+    rows = [line.split("|")[1:3] for line in table.strip().splitlines()[1:]]
+    listed = {name.strip().strip("`"): default.strip() for name, default in rows}
+    assert set(listed) == set(_DEFAULTS)
+    for name, default in _DEFAULTS.items():
+        if default is not None:
+            assert listed[name] in (f"`{default}`", f"{default:g}" if not isinstance(default, bool) else ""), name

@@ -120,16 +120,20 @@ class Prometheus:
             self.process.wait()
 
 
-def server_command(kind: str, port: int) -> list[str]:
-    if kind == "uvicorn":
-        return [
-            *(sys.executable, "-m", "uvicorn", "fleet_app:app", "--app-dir", str(APP_DIR), "--workers", str(WORKERS)),
-            *("--host", HOST, "--port", str(port), "--log-level", "warning", "--no-access-log"),
-        ]
-    return [
-        *(sys.executable, "-m", "granian", "fleet_app:app", "--working-dir", str(APP_DIR), "--interface", "asgi"),
-        *("--workers", str(WORKERS), "--host", HOST, "--port", str(port), "--log-level", "warning"),
-    ]
+def docs_commands() -> list[str]:
+    """The commands of docs/how-to/prometheus.md, as written there."""
+    page = (ROOT / "docs" / "how-to" / "prometheus.md").read_text(encoding="utf-8")
+    block = page.split("<!-- commands -->", 1)[1].split("```console\n", 1)[1].split("```", 1)[0]
+    return [line.strip() for line in block.splitlines() if line.strip()]
+
+
+def server_command(command: str, targets: Path, port: int) -> tuple[list[str], dict[str, str]]:
+    """A command of the page as run here: its folder of targets, this many workers, on a free port."""
+    assignment, tool, *args = command.split()
+    name, _, _ = assignment.partition("=")
+    args[args.index("--workers") + 1] = str(WORKERS)
+    args += ["--host", HOST, "--port", str(port), "--log-level", "warning"]
+    return [sys.executable, "-m", tool, *args], {name: str(targets)}
 
 
 def worker_totals(targets: Path) -> dict[str, float]:
@@ -173,18 +177,24 @@ async def drive(url: str, blocking: int, stalling: int, clean: int) -> set[int]:
     return served
 
 
-@pytest.mark.parametrize("kind", ["uvicorn", "granian"])
-def test_prometheus_sums_the_workers_of_a_fleet(kind: str, tmp_path: Path) -> None:
+def test_the_page_shows_both_servers() -> None:
+    assert [command.split()[1] for command in docs_commands()] == ["uvicorn", "granian"]
+
+
+@pytest.mark.parametrize("command", docs_commands(), ids=lambda command: command.split()[1])
+def test_prometheus_sums_the_workers_of_a_fleet(command: str, tmp_path: Path) -> None:
     targets = tmp_path / "targets"
     targets.mkdir()
     prometheus = Prometheus(tmp_path, targets)
     port = free_port()
     log = tmp_path / "server.log"
+    argv, env = server_command(command, targets, port)
+    kind = argv[2]
     with log.open("wb") as out:
         server = subprocess.Popen(
-            server_command(kind, port),
+            argv,
             cwd=ROOT,
-            env={**os.environ, "AIOCOP_PROMETHEUS_TARGETS": str(targets)},
+            env={**os.environ, **env},
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -254,6 +264,8 @@ def test_prometheus_sums_the_workers_of_a_fleet(kind: str, tmp_path: Path) -> No
         assert float(top[0]["value"][1]) > 0
         p99 = wait_until("an answer to the p99 query", lambda: prometheus.query(P99_DELAY), timeout=30)
         assert [r["metric"]["job"] for r in p99] == ["fleet-demo"]
+        for query in OTHER_QUERIES:
+            assert wait_until(f"an answer to {query}", lambda query=query: prometheus.query(query), timeout=30)
         print(f"\n{kind}: {len(served)} of {WORKERS} workers served requests")
         print(f"{TOP_SITES}\n  -> {[(r['metric'], r['value'][1]) for r in top]}")
         print(f"{P99_DELAY}\n  -> {[(r['metric'], r['value'][1]) for r in p99]}")
@@ -268,9 +280,11 @@ def test_prometheus_sums_the_workers_of_a_fleet(kind: str, tmp_path: Path) -> No
         prometheus.stop()
 
 
-# The queries of docs/how-to/prometheus.md, over the last 5 minutes (the test's whole life).
-TOP_SITES = (
-    "topk(10, sum by (code_file_path, code_line_number, code_function_name, aiocop_event) "
-    "(increase(aiocop_blocking_calls_total[5m])))"
-)
-P99_DELAY = "histogram_quantile(0.99, sum by (job, le) (rate(asyncio_eventloop_delay_seconds_bucket[5m])))"
+def docs_queries() -> list[str]:
+    """The PromQL queries of docs/how-to/prometheus.md, in page order."""
+    page = (ROOT / "docs" / "how-to" / "prometheus.md").read_text(encoding="utf-8")
+    blocks = [block.split("```", 1)[0] for block in page.split("```promql\n")[1:]]
+    return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
+
+
+TOP_SITES, P99_DELAY, *OTHER_QUERIES = docs_queries()

@@ -25,7 +25,11 @@ BASELINE = "baseline"
 DETECT = "aiocop"
 WATCHDOG = "aiocop+watchdog"
 MIDDLEWARE = "aiocop+middleware"
-MODES = (BASELINE, DETECT, WATCHDOG, MIDDLEWARE)
+# AiocopInstrumentor on top of the watchdog mode, with the SDK's in-memory
+# reader (what any reader costs on the application's side: points recorded;
+# exporting runs on its own thread or at a scrape).
+OTEL = "aiocop+otel"
+MODES = (BASELINE, DETECT, WATCHDOG, MIDDLEWARE, OTEL)
 
 # The trace depth of the 1.x benchmark and of the SPEC's per-task target.
 TRACE_DEPTH = 5
@@ -74,8 +78,15 @@ def setup(mode: str, keep_every: int = 1000) -> Probe | None:
     probe = Probe(keep_every)
     aiocop.start_blocking_io_detection(trace_depth=TRACE_DEPTH)
     aiocop.register_slow_task_callback(probe)
-    if mode == WATCHDOG:
+    if mode in (WATCHDOG, OTEL):
         aiocop.detect_slow_tasks(threshold_ms=WATCHDOG_THRESHOLD_MS)
+    if mode == OTEL:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        from aiocop.opentelemetry import AiocopInstrumentor
+
+        AiocopInstrumentor().instrument(meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]))
     return probe
 
 
