@@ -18,7 +18,7 @@ import time
 import weakref
 from queue import SimpleQueue
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from aiocop import _callbacks, _forksafe, _harmless, _hook, _loops, _state, _watchdog
 from aiocop._events import BlockingEventInfo, CpuStackSample, RawBlockingEvent, SlowTaskEvent
@@ -215,11 +215,7 @@ def _step_fields(
 ) -> dict[str, Any]:
     """An event's fields, computed when one is first read (see `SlowTaskEvent.__getattr__`)."""
     stall: Stall | None = group.stall
-    # A CPU-bound stall's start (from the thread's CPU clock) can be earlier
-    # than the first blocking call, and then it is the step's; for a wait,
-    # the call's own timestamp is the better bound.
-    start = group.t_first if stall is None or stall.waiting else min(group.t_first, stall.start)
-    elapsed_ms = (group.t_end - start) * 1000.0
+    elapsed_ms = _elapsed_ms(group)
     threshold_ms = origin.threshold_ms
     raised = group.raised
     events = [format_record(r, origin.wall_offset, r is raised) for r in group.records]
@@ -243,6 +239,39 @@ def _step_fields(
         "culprit": stall.culprit() if stall is not None else "",
         "impact": impact_level(group.score, elapsed_ms, threshold_ms),
     }
+
+
+def _elapsed_ms(group: StepGroup) -> float:
+    stall: Stall | None = group.stall
+    # A CPU-bound stall's start (from the thread's CPU clock) can be earlier
+    # than the first blocking call, and then it is the step's; for a wait,
+    # the call's own timestamp is the better bound.
+    start = group.t_first if stall is None or stall.waiting else min(group.t_first, stall.start)
+    return (group.t_end - start) * 1000.0
+
+
+class StepView(NamedTuple):
+    """What aiocop's own observers read of an event without formatting it (see `step_view`)."""
+
+    elapsed_ms: float
+    exceeded_threshold: bool
+    records: list[Record]  # the step's blocking calls as the hook recorded them
+
+
+def step_view(event: SlowTaskEvent) -> StepView | None:
+    """An event's length and raw calls, read without building its fields; None once they are built.
+
+    Formatting an event (frames, arguments, samples) costs more than the
+    rest of a detected call: a callback that reads a field pays it, once.
+    The OpenTelemetry instrumentor needs only the length, the calls' names,
+    weights and lines: from here, a detected call costs it a few look-ups.
+    """
+    resolve = event.__dict__.get("_resolve")
+    if resolve is None:
+        return None
+    _, origin, group, *_ = resolve
+    elapsed_ms = _elapsed_ms(group)
+    return StepView(elapsed_ms, elapsed_ms >= origin.threshold_ms, group.records)
 
 
 _new_object = object.__new__

@@ -80,7 +80,11 @@ class SiteTable:
         if merged is None:
             base = self.attributes(site)
             merged = {**base, **dict(extra)}
-            if base is not _OTHER_SITE:  # past the cap, nothing new is kept
+            # Kept for good, as every attribute set given out (whose identity
+            # identifies it): past the cap, under `other`'s key, so that sites
+            # past the cap share one set per extra (a bounded number).
+            merged = self._merged.setdefault((site if base is not _OTHER_SITE else OTHER, extra), merged)
+            if base is not _OTHER_SITE:
                 self._merged[key] = merged
         return merged
 

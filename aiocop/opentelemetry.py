@@ -41,11 +41,11 @@ except ImportError as error:  # pragma: no cover - the message is the point
         "pip install 'aiocop[opentelemetry]'"
     ) from error
 
-from aiocop import _api, _callbacks, _state, _watchdog
-from aiocop._delivery import record_call, record_site
+from aiocop import _api, _callbacks, _forksafe, _state, _watchdog
+from aiocop._delivery import record_call, record_site, step_view
 from aiocop._probe import DelayProbe
 from aiocop._severity import get_severity_level_from_score
-from aiocop._sites import FILE, FUNCTION, LINE, RateLimit, SiteTable
+from aiocop._sites import FILE, FUNCTION, LINE, Attributes, RateLimit, SiteTable
 from aiocop._validate import check_bool, check_int, check_ms, check_number, did_you_mean
 from aiocop._version import __version__
 
@@ -183,17 +183,48 @@ def _options(kwargs: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
+class _Totals:
+    """A counter's totals per attribute set, kept in-process and read by an observable counter when collected.
+
+    The SDK's `Counter.add()` costs about 6 us (it hashes the attributes and
+    takes its locks at every call): two of them per detected call would
+    triple what a detected call costs. This is a dict update under a lock;
+    the SDK reads the totals once per collection (an export, a scrape).
+    Attribute sets come from the `SiteTable`, which keeps each one for the
+    life of the process: its identity is its key.
+    """
+
+    def __init__(self) -> None:
+        self._lock = _forksafe.lock()
+        self._totals: dict[int, list[Any]] = {}  # id(attributes) -> [attributes, total]
+
+    def add(self, amount: float, attributes: Attributes) -> None:
+        with self._lock:
+            entry = self._totals.get(id(attributes))
+            if entry is None:
+                self._totals[id(attributes)] = [attributes, amount]
+            else:
+                entry[1] += amount
+
+    def observe(self, options: metrics.CallbackOptions) -> list[metrics.Observation]:
+        with self._lock:
+            return [metrics.Observation(total, attributes) for attributes, total in self._totals.values()]
+
+
 class _Recorder:
     """The observer that turns each `SlowTaskEvent` into metric points and span events."""
 
     def __init__(self, meter: metrics.Meter, options: dict[str, Any]) -> None:
         descriptions = {signal.name: (signal.unit, signal.description) for signal in SIGNALS}
 
-        def counter(name: str) -> metrics.Counter:
+        def counter(name: str) -> _Totals:
+            totals = _Totals()
             unit, description = descriptions[name]
-            return meter.create_counter(name, unit=unit, description=description)
+            meter.create_observable_counter(name, [totals.observe], unit=unit, description=description)
+            return totals
 
         unit, description = descriptions["asyncio.eventloop.delay"]
+        # A histogram is recorded at each stall and probe only (10 a second per loop): the SDK's own.
         self.delay = meter.create_histogram(
             "asyncio.eventloop.delay",
             unit=unit,
@@ -208,20 +239,32 @@ class _Recorder:
         self.span_limit = RateLimit(options["span_events_per_second"])
 
     def __call__(self, event: SlowTaskEvent) -> None:
-        sites = self.sites
-        for call in event.blocking_events:
-            site = call.get("app_site") or call["entry_point"]
-            level = get_severity_level_from_score(call["severity"] or 0)
-            name = call.get("name") or call["event"].partition("(")[0]
-            self.calls.add(1, sites.with_extra(site, (("aiocop.event", name), ("aiocop.severity", level))))
-        seconds = event.elapsed_ms / 1000.0
-        attributes = sites.attributes(event.call_site)
+        view = step_view(event)
+        if view is not None:  # nobody has read the event: its calls as recorded, nothing formatted
+            elapsed_ms, exceeded = view.elapsed_ms, view.exceeded_threshold
+            for record in view.records:
+                self._count_call(record[0], record_site(record), record[5])
+            site = record_site(view.records[0]) if view.records else None
+        else:
+            elapsed_ms, exceeded = event.elapsed_ms, event.exceeded_threshold
+            for call in event.blocking_events:
+                name = call.get("name") or call["event"].partition("(")[0]
+                self._count_call(name, call.get("app_site") or call["entry_point"], call["severity"])
+            site = event.call_site
+        if site is None:
+            site = event.call_site  # a stall seen by the watchdog alone: its samples' line (stalls are rare)
+        seconds = elapsed_ms / 1000.0
+        attributes = self.sites.attributes(site)
         self.blocked.add(seconds, attributes)
-        if event.exceeded_threshold:
+        if exceeded:
             self.stalls.add(1, attributes)
             self.delay.record(seconds)
-        if event.exceeded_threshold and self.span_events:
-            self._add_stall_event(event, seconds)
+            if self.span_events:
+                self._add_stall_event(event, site, seconds)
+
+    def _count_call(self, name: str, site: str, weight: int | None) -> None:
+        level = get_severity_level_from_score(weight or 0)
+        self.calls.add(1, self.sites.with_extra(site, (("aiocop.event", name), ("aiocop.severity", level))))
 
     def on_call(self, record: Record) -> None:
         """A blocking call, as it is made: an event on the span current at the call (on the loop's thread)."""
@@ -237,14 +280,13 @@ class _Recorder:
             "aiocop.blocking_call", {**sites.with_extra(site, (("aiocop.event", name),)), "aiocop.call": call}
         )
 
-    def _add_stall_event(self, event: SlowTaskEvent, seconds: float) -> None:
+    def _add_stall_event(self, event: SlowTaskEvent, site: str, seconds: float) -> None:
         # Delivered in the stalled task's context: its current span is the
         # request's. The stall is reported once its step is over: a span that
         # ended in that very step has no event (the metrics still count it).
         span = trace.get_current_span()
         if not span.is_recording():
             return
-        site = event.call_site
         if not self.span_limit.allow("stall:" + self.sites.key(site)):
             return
         attributes = {**self.sites.attributes(site), "aiocop.duration": seconds}

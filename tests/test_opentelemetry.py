@@ -531,3 +531,28 @@ def test_the_how_to_lists_every_option_with_its_default() -> None:
     for name, default in _DEFAULTS.items():
         if default is not None:
             assert listed[name] in (f"`{default}`", f"{default:g}" if not isinstance(default, bool) else ""), name
+
+
+def test_the_same_points_when_a_callback_read_the_event_first(instrumented: tuple[Metrics, dict[str, Any]]) -> None:
+    """The instrumentor reads an unread event's raw calls, a read one's fields: the points are the same."""
+    points = []
+    for read_first in (False, True):
+        metrics, options = instrumented
+        metrics.reader = InMemoryMetricReader()
+        options["meter_provider"] = MeterProvider(metric_readers=[metrics.reader])
+        AiocopInstrumentor().instrument(**options)
+        if read_first:
+            aiocop.register_slow_task_callback(lambda event: event.blocking_events)
+        asyncio.run(stat_then_stall())
+        metrics.wait_for("aiocop.stalls")
+        points.append(
+            sorted(
+                (name, tuple(sorted(p.attributes.items())), getattr(p, "value", None))
+                for name in ("aiocop.blocking_calls", "aiocop.stalls")
+                for p in metrics.points(name)
+            )
+        )
+        AiocopInstrumentor().uninstrument()
+        reset_aiocop()
+    assert points[0] == points[1]
+    assert any(name == "aiocop.blocking_calls" for name, _, _ in points[0])
