@@ -50,6 +50,8 @@ class LoopWatch:
         "last_io_ident",
         "loop_name",
         "loop_ref",
+        "probe_cpu",
+        "probe_seen",
         "step",
         "thread_id",
         "thread_name",
@@ -85,6 +87,11 @@ class LoopWatch:
         self.last_io_ident = 0
         self.idle_t = 0.0  # last poll that saw the loop idle, and its CPU clock then
         self.idle_cpu: float | None = None
+        # CPU time this thread spent in the loop-delay probe's ticks (with an
+        # allowance for the loop's own work around each), added by the loop's
+        # thread: the watchdog does not take it for the loop waking up.
+        self.probe_cpu = 0.0
+        self.probe_seen = 0.0  # probe_cpu at the watchdog's last look (owned by the watchdog)
 
     @property
     def loop(self) -> AbstractEventLoop | None:

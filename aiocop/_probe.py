@@ -20,6 +20,8 @@ import contextvars
 import logging
 import os
 import weakref
+from threading import get_ident
+from time import thread_time
 from typing import TYPE_CHECKING
 
 from aiocop import _forksafe, _loops
@@ -29,6 +31,13 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 logger = logging.getLogger("aiocop")
+
+# What a loop's thread spends around each tick besides the probe's own
+# callback (woken from its selector, the timer popped, the handle run, the
+# next wait set up): 100-140 us of CPU clock after an idle second (caches
+# gone cold), measured on asyncio; counted generously. A real step of less
+# than this, in the same look as a tick, does not hurry the watchdog.
+_LOOP_SHARE_S = 0.0005
 
 # The probe's timers run in an empty context: none of the application's
 # context variables (a request id, the current span) is theirs.
@@ -121,6 +130,7 @@ class DelayProbe:
             self._forget(loop, token)
 
     def _tick(self, loop: AbstractEventLoop, token: object, due: float) -> None:
+        started = thread_time()
         if not self._current(loop, token):
             return
         late = loop.time() - due
@@ -129,6 +139,12 @@ class DelayProbe:
             # says it is due: that is no delay.
             self._record(max(late, 0.0))
         self._arm(loop, token)
+        # Told to the watchdog, which would otherwise take each tick for the
+        # loop waking up to work, and look at it often for a while (its cost
+        # in an idle process went from 0.13 % of a core to 0.78 %).
+        watch = _loops.watches.get(get_ident())
+        if watch is not None and watch.loop is loop:
+            watch.probe_cpu += thread_time() - started + _LOOP_SHARE_S
 
 
 # In a forked child the parent's loops are not running (the forking thread's

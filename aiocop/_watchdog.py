@@ -385,6 +385,9 @@ class Watchdog:
         # after the walks, they timed an old picture as a new one: one step
         # seen as two, stalls cut short or missed.
         now = perf_counter()
+        # The probe's CPU, read before the clocks: a tick between the two
+        # reads counts as the loop's own activity, never the other way round.
+        probes = [watch.probe_cpu for watch in watches.values()]
         clocks = [watch.cpu_time() for watch in watches.values()]
         # Includes this thread's own frame, this very function's: left in,
         # this frame and the dict would hold each other, and with them every
@@ -392,7 +395,7 @@ class Watchdog:
         # those hold) until the next garbage collection.
         frames.pop(threading.get_ident(), None)
         busy = active = False
-        for (thread_id, watch), cpu in zip(watches.items(), clocks, strict=True):
+        for (thread_id, watch), cpu, probe in zip(watches.items(), clocks, probes, strict=True):
             frame = frames.get(thread_id)
             if frame is None or (watch.discovered and not _still_running(watch)):
                 self._finish(watch, now)
@@ -400,7 +403,8 @@ class Watchdog:
                 continue
             idle_cpu = watch.idle_cpu
             busy |= self._poll_one(watch, frame, now, cpu)
-            active |= watch.idle_cpu is None or watch.idle_cpu != idle_cpu
+            active |= _moved(idle_cpu, watch.idle_cpu, probe - watch.probe_seen)
+            watch.probe_seen = probe
         if now - self._last_scan > _DISCOVERY_S:
             self._last_scan = now
             _discover(frames, watches)
@@ -511,6 +515,19 @@ class Watchdog:
                 return
         if report_stall is not None:
             report_stall(stall)
+
+
+def _moved(before: float | None, after: float | None, probe_cpu: float) -> bool:
+    """Whether an idle loop's thread did anything between two looks, besides the loop-delay probe's ticks.
+
+    The probe wakes an idle loop ten times a second: taken for activity, it
+    kept the watchdog looking every few milliseconds for ever, six times its
+    idle cost. The looks themselves still happen on any change of the CPU
+    clock (`_all_quiet`): a step that starts right after a tick is seen.
+    """
+    if before is None or after is None:
+        return True
+    return after - before > probe_cpu
 
 
 def _all_quiet(watches: dict[int, LoopWatch]) -> bool:

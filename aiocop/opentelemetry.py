@@ -159,7 +159,7 @@ _DEFAULTS: dict[str, Any] = {
     "max_call_sites": 200,
     "span_events": True,
     "span_events_per_second": 10.0,
-    "probe_interval_ms": 100.0,
+    "probe_interval_ms": 500.0,  # two a second: 0.1 % of a core at most, idle
 }
 _PROVIDERS = ("meter_provider", "tracer_provider")
 
@@ -311,7 +311,7 @@ class AiocopInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         span_events_per_second: Span events per call site per second at most
             (default 10).
         probe_interval_ms: How often each loop's delay is probed for the
-            histogram (default 100; 0: no probe, stalls only).
+            histogram (default 500; 0: no probe, stalls only).
 
     `uninstrument()` stops recording, and stops detection if `instrument()`
     started it.

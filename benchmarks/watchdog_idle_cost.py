@@ -3,7 +3,7 @@
 Each run is a separate process with an event loop waiting for I/O for
 `--seconds`; the baseline never imports aiocop, `aiocop` runs detection and
 the watchdog, `aiocop+otel` adds `AiocopInstrumentor` (its probe: a timer
-every 100 ms on the loop, each lateness recorded). Runs alternate
+every 500 ms on the loop, each lateness recorded). Runs alternate
 (A B C A B C ...) and the script prints each one's CPU time as a share of one
 core; the probe's own cost is `aiocop+otel` minus `aiocop`.
 

@@ -556,3 +556,21 @@ def test_the_same_points_when_a_callback_read_the_event_first(instrumented: tupl
         reset_aiocop()
     assert points[0] == points[1]
     assert any(name == "aiocop.blocking_calls" for name, _, _ in points[0])
+
+
+def test_the_probe_leaves_the_watchdog_idle_on_an_idle_loop(instrumented: tuple[Metrics, dict[str, Any]]) -> None:
+    """A tick is not the loop waking up: the watchdog keeps its idle look interval (100 ms), not its 4 ms one."""
+    metrics, options = instrumented
+    AiocopInstrumentor().instrument(**options, probe_interval_ms=50)
+
+    async def idle() -> tuple[int, float]:
+        await asyncio.sleep(1.0)  # past the watchdog's fast spell after start-up
+        polls, started = _watchdog.watchdog.polls, time.perf_counter()
+        await asyncio.sleep(1.5)
+        return _watchdog.watchdog.polls - polls, time.perf_counter() - started
+
+    polls, seconds = asyncio.run(idle())
+    ticks = sum(p.count for p in metrics.points("asyncio.eventloop.delay"))
+    assert ticks >= 10  # ~50 at 20 a second: the probe did run
+    # One look per idle interval, and one more after each tick at most; never the fast looks' 250 a second.
+    assert polls <= seconds / 0.1 + ticks + 5, (polls, ticks)
