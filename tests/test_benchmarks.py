@@ -74,13 +74,14 @@ def test_servers_ran_with_detection_live(quick: tuple[dict[str, Any], Path, str]
     results = quick[0]
     generator = "wrk" if shutil.which("wrk") else "python"
     for server, by_mode in results["asgi"]["servers"].items():
-        assert set(by_mode) == {"baseline", "aiocop", "aiocop+watchdog", "aiocop+middleware"}, server
+        assert set(by_mode) == {"baseline", "aiocop", "aiocop+watchdog", "aiocop+middleware", "aiocop+otel"}, server
         for mode, entry in by_mode.items():
             assert entry["checks_ok"], (server, mode, entry["problems"])
             for run in entry["runs"]:
                 assert run["generator"] == generator
                 assert run["requests"] > 0
                 assert run["server_status"]["aiocop_imported"] == (mode != "baseline")
+                assert run["server_status"]["instrumented"] == (mode == "aiocop+otel")
     for kind, by_mode in results["echo"]["kinds"].items():
         for mode, entry in by_mode.items():
             assert entry["checks_ok"], (kind, mode, entry["problems"])

@@ -46,6 +46,7 @@ RUN_ELSEWHERE = {
     "examples/pytest/uvloop_conftest.py": "tests/test_pytest_plugin.py",
     "examples/configuration/app.py": "tests/test_config.py",
     "examples/opentelemetry/otlp.py": "tests/test_opentelemetry.py",
+    "examples/opentelemetry/quickstart.py": "tests/test_opentelemetry.py",
     "examples/opentelemetry/fleet_app.py": "tests/test_prometheus.py",
     "examples/opentelemetry/worker_metrics.py": "tests/test_prometheus.py",
 }

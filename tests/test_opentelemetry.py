@@ -574,3 +574,23 @@ def test_the_probe_leaves_the_watchdog_idle_on_an_idle_loop(instrumented: tuple[
     assert ticks >= 10  # ~50 at 20 a second: the probe did run
     # One look per idle interval, and one more after each tick at most; never the fast looks' 250 a second.
     assert polls <= seconds / 0.1 + ticks + 5, (polls, ticks)
+
+
+def test_the_quickstart_example() -> None:
+    """examples/opentelemetry/quickstart.py, as docs/how-to/opentelemetry.md shows it: the issue's "done means"."""
+    result = subprocess.run(
+        [sys.executable, "examples/opentelemetry/quickstart.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    source = (Path(ROOT) / "examples" / "opentelemetry" / "quickstart.py").read_text().splitlines()
+    stat_line = next(i for i, text in enumerate(source, 1) if "os.stat(__file__)" in text)
+    spin_line = next(i for i, text in enumerate(source, 1) if "while time.perf_counter() < end" in text)
+    lines = result.stdout.splitlines()
+    assert f"aiocop.blocking_calls os.stat at examples/opentelemetry/quickstart.py:{stat_line}: 1" in lines
+    assert f"aiocop.stalls at examples/opentelemetry/quickstart.py:{spin_line}: 1" in lines
+    (delay,) = [line for line in lines if line.startswith("asyncio.eventloop.delay")]
+    assert float(delay.split("max ")[1].split(" s")[0]) >= 0.07  # the 80 ms stall, timed to a few ms

@@ -103,6 +103,12 @@ def aiocop_imported() -> bool:
     return "aiocop" in sys.modules
 
 
+def instrumented() -> bool:
+    """Whether `AiocopInstrumentor` is recording (the `aiocop+otel` mode)."""
+    module = sys.modules.get("aiocop.opentelemetry")
+    return module is not None and bool(module.AiocopInstrumentor().is_instrumented_by_opentelemetry)
+
+
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
     if name == "asyncio":
         return asyncio.new_event_loop

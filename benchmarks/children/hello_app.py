@@ -37,6 +37,7 @@ async def status() -> bytes:
             "pid": os.getpid(),
             "loop": type(asyncio.get_running_loop()).__module__,
             "aiocop_imported": _mode.aiocop_imported(),
+            "instrumented": _mode.instrumented(),
             "probe_delivered": event is not None,
             "probe_problem": _mode.check_event(event, ("os.stat",), "hello_app.py:") if event is not None else None,
             "probe_context": dict(event.context) if event is not None else None,
