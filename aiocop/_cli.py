@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import aiocop
-from aiocop import _baseline, _state
+from aiocop import _attach, _baseline, _state
 from aiocop._config import ConfigError, load_config, parse_allow_line
 from aiocop._frames import set_app_paths
 from aiocop._report import Summary, describe
@@ -72,7 +72,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Find the calls that freeze your asyncio event loops.",
-        epilog=f"Run '{PROG} run --help' for the options of a run.",
+        epilog=f"Run '{PROG} run --help' or '{PROG} attach --help' for their options.",
     )
     parser.add_argument("--version", action="version", version=f"aiocop {aiocop.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="command")
@@ -162,7 +162,51 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     run.add_argument("--top", type=_positive(int), default=20, metavar="N", help="rows shown (default: 20)")
     run.add_argument("-v", "--verbose", action="store_true", help="also print each event as it is reported")
     run.add_argument("-m", dest="module", metavar="module", help="run a library module as a script, like python -m")
+    _add_attach(commands)
     return parser, run
+
+
+def _add_attach(commands: Any) -> argparse.ArgumentParser:
+    attach: argparse.ArgumentParser = commands.add_parser(
+        "attach",
+        allow_abbrev=False,
+        help="watch a running Python 3.14+ process for a while, without restarting it, and print its blocking "
+        "call sites",
+        usage=f"{PROG} attach [options] PID",
+        description=(
+            "Attach to a running CPython 3.14+ process (sys.remote_exec), watch its event loops for a while, "
+            "print the call sites that blocked them, and detach, leaving the process as it was. Needs the same "
+            "Python version as the target, and the right to debug it (its user, or root)."
+        ),
+    )
+    attach.add_argument("pid", type=_positive(int), metavar="PID", help="the process to watch")
+    attach.add_argument(
+        "--seconds", type=_positive(float), default=10.0, metavar="N", help="how long to watch (default: 10)"
+    )
+    attach.add_argument(
+        "--threshold-ms",
+        type=_positive(float),
+        metavar="MS",
+        help=f"a step holding its loop this long is a stall (default: {DEFAULT_THRESHOLD_MS:g}; a target "
+        "running aiocop already keeps its own)",
+    )
+    attach.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    attach.add_argument(
+        "--fail-on",
+        choices=LEVELS,
+        metavar="IMPACT",
+        help=f"exit with status {EXIT_FAIL_ON} if a call site reached this impact (low, medium or high)",
+    )
+    attach.add_argument("--top", type=_positive(int), default=20, metavar="N", help="rows shown (default: 20)")
+    return attach
+
+
+def attach_parser() -> argparse.ArgumentParser:
+    """The `attach` sub-parser (for the options page)."""
+    parser, _ = build_parsers()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    attach: argparse.ArgumentParser = commands.choices["attach"]
+    return attach
 
 
 @dataclass(frozen=True)
@@ -201,6 +245,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if argv[0] == "attach":
+        settings = parser.parse_args(argv)
+        if settings.json:
+            folder = os.path.dirname(os.path.abspath(settings.json))
+            if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+                _usage_error(attach_parser(), f"--json: cannot write a file in {folder!r}")
+        return _attach.main(
+            settings.pid, settings.seconds, settings.threshold_ms, settings.json, settings.fail_on, settings.top
+        )
     if argv[0] != "run":
         parser.parse_args(argv)  # --help, --version, or an error naming the bad command
         _usage_error(parser, f"unknown command {argv[0]!r}")

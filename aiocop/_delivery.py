@@ -626,6 +626,8 @@ class _Worker:
     def _run(self) -> None:
         while True:
             item = self._queue.get()
+            if item is _SHUTDOWN:
+                return
             if isinstance(item, threading.Event):
                 item.set()
                 continue
@@ -682,10 +684,19 @@ class _Worker:
                 group.t_end = perf_counter()
             group.context.copy().run(deliver_now, group)
 
+    def shutdown(self) -> None:
+        """End the thread once what is queued has been handled (an attach session leaving its target)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            self._queue.put(_SHUTDOWN)  # type: ignore[arg-type]
+            thread.join(_STOP_WAIT_S)
+
     def reinit_after_fork(self) -> None:
         self.__init__()  # type: ignore[misc]
 
 
+_SHUTDOWN = object()
 _worker = _Worker()
 
 

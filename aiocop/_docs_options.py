@@ -300,28 +300,33 @@ def _cli_default(action: argparse.Action) -> str:
     return f"`{action.default:g}`" if isinstance(action.default, float) else f"`{action.default}`"
 
 
-def _cli_section() -> list[str]:
-    _, run = _cli.build_parsers()
+def _parser_table(name: str, parser: argparse.ArgumentParser, how_to: str) -> list[str]:
     lines = [
-        "## Command line: `python -m aiocop run`",
+        f"## Command line: `python -m aiocop {name}`",
         "",
-        "See [the CLI how-to](../how-to/cli.md).",
+        f"See [the how-to](../how-to/{how_to}).",
         "",
         "```text",
-        run.format_usage().strip().removeprefix("usage: "),
+        parser.format_usage().strip().removeprefix("usage: "),
         "```",
         "",
         "| option | default | meaning |",
         "| --- | --- | --- |",
     ]
-    for action in run._actions:
-        if isinstance(action, argparse._HelpAction):
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction) or not action.option_strings:
             continue
         names = ", ".join(
             f"`{flag} {action.metavar}`" if action.metavar and action.nargs != 0 else f"`{flag}`"
             for flag in action.option_strings
         )
         lines.append(f"| {names} | {_cli_default(action)} | {_cell(_DEFAULT_NOTE.sub('', action.help or ''))} |")
+    return lines
+
+
+def _cli_section() -> list[str]:
+    _, run = _cli.build_parsers()
+    lines = _parser_table("run", run, "cli.md")
     lines += [
         "",
         "Everything after the script path (or after `-m module`) is the program's own arguments.",
@@ -330,6 +335,14 @@ def _cli_section() -> list[str]:
         "Exit status: the program's own when it fails; "
         f"`{_cli.EXIT_FAIL_ON}` when it succeeded but a call site reached the `--fail-on` severity; "
         f"`{_cli.EXIT_USAGE}` for a usage error; `0` otherwise.",
+        "",
+    ]
+    lines += _parser_table("attach", _cli.attach_parser(), "attach.md")
+    lines += [
+        "",
+        f"Exit status: `{_cli.EXIT_FAIL_ON}` when a call site reached the `--fail-on` severity; "
+        f"`{_cli.EXIT_USAGE}` for a usage error or a Python older than 3.14; `1` when the attach failed (the "
+        "message says why); `130` when interrupted; `0` otherwise.",
         "",
     ]
     return lines

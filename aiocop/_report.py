@@ -321,6 +321,27 @@ class Summary:
             "call_sites": [r.to_dict() for r in self.rows()],
         }
 
+    @classmethod
+    def from_dict(cls, document: dict[str, Any]) -> Summary:
+        """A summary as `to_dict` wrote it (in another process: `python -m aiocop attach`)."""
+        summary = cls()
+        summary.events = document["events"]
+        summary.dropped_calls = document["dropped_calls"]
+        for row in document["call_sites"]:
+            kind = STALL if row["events"] == {STALL: row["count"]} else _CALLS
+            summary._rows[(row["call_site"], kind)] = SiteStats(
+                row["call_site"],
+                kind,
+                events=dict(row["events"]),
+                steps=row["steps"],
+                total_ms=row["total_ms"],
+                worst_ms=row["worst_ms"],
+                impact=row["impact"],
+                example_trace=row["example_trace"],
+                shared=row["step_shared"],
+            )
+        return summary
+
 
 def _shorten(events: str) -> str:
     """The events column: cut at a comma to fit, saying how many more there are."""

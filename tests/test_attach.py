@@ -1,0 +1,389 @@
+"""`python -m aiocop attach PID`: a running process watched for a while, then left as it was.
+
+On CPython 3.14+ (in CI: the Debian sid chroot) the targets are real
+processes that never imported aiocop: a uvicorn server driven with httpx, and
+tests/attach_targets.py. After each attach a second script, run inside the
+target by `sys.remote_exec`, reports what it holds: no aiocop module, the
+stdlib's own functions, no thread of aiocop's. Every safety case of the
+issue has its test. Before 3.14 the command says what it needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.asgi_servers import HOST, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = ROOT / "tests" / "attach_targets.py"
+REMOTE = sys.version_info >= (3, 14)
+needs_remote = pytest.mark.skipif(not REMOTE, reason="sys.remote_exec is CPython 3.14+ (see the pre-3.14 test)")
+
+
+def line_of(path: Path, marker: str) -> int:
+    return next(i for i, text in enumerate(path.read_text().splitlines(), 1) if marker in text)
+
+
+def aiocop_attach(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aiocop", "attach", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+class Target:
+    """A Python process started for a test, waited for until it says `ready`, killed at the end."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.process = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        self.pid = self.process.pid
+
+    def wait_ready(self) -> None:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        assert line.strip() == "ready", line + self.process.stdout.read()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            self.process.kill()
+        self.process.communicate(timeout=10)
+
+
+@pytest.fixture
+def targets() -> Any:
+    started: list[Target] = []
+
+    def start(*args: str, python: str = sys.executable, env: dict[str, str] | None = None) -> Target:
+        target = Target([python, str(TARGETS), *args], env)
+        started.append(target)
+        target.wait_ready()
+        return target
+
+    yield start
+    for target in started:
+        target.stop()
+
+
+def inside(pid: int, expression: str, timeout: float = 20.0) -> Any:
+    """What `expression` evaluates to inside process `pid` (through sys.remote_exec), as JSON."""
+    folder = Path(tempfile.mkdtemp(prefix="aiocop-test-inside-"))
+    try:
+        out = folder / "out.json"
+        script = folder / "check.py"
+        script.write_text(
+            "import json, os, sys, threading\n"
+            "try:\n"
+            f"    _value = {expression}\n"
+            "except Exception as _error:\n"
+            "    _value = {'error': repr(_error)}\n"
+            f"open({str(out)!r} + '.partial', 'w').write(json.dumps(_value))\n"
+            f"os.replace({str(out)!r} + '.partial', {str(out)!r})\n"
+            "del _value\n"
+        )
+        sys.remote_exec(pid, str(script))  # type: ignore[attr-defined]
+        deadline = time.monotonic() + timeout
+        while not out.exists():
+            assert time.monotonic() < deadline, f"PID {pid} did not run the check script"
+            time.sleep(0.02)
+        return json.loads(out.read_text())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# What the target holds that attaching could have changed: checked before and after.
+STATE = (
+    "{'aiocop': sorted(m for m in sys.modules if m == 'aiocop' or m.startswith('aiocop.')),"
+    " 'stat': repr(os.stat), 'open': repr(open), 'sleep': repr(__import__('time').sleep),"
+    " 'set_asyncgen_hooks': repr(sys.set_asyncgen_hooks),"
+    " 'set_running_loop': repr(__import__('asyncio').events._set_running_loop),"
+    " 'threads': sorted(t.name for t in threading.enumerate()), 'path': sys.path}"
+)
+
+
+def as_before(pid: int, before: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+    """The target's state once the attach's thread has ended (a moment after it said it was done)."""
+    deadline = time.monotonic() + timeout
+    while (now := inside(pid, STATE)) != before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return now  # type: ignore[no-any-return]
+
+
+def test_before_python_3_14_it_says_what_it_needs() -> None:
+    if REMOTE:
+        pytest.skip("this is CPython 3.14+: the other tests attach for real")
+    result = aiocop_attach(str(os.getpid()))
+    assert result.returncode == 2
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert result.stderr.strip() == (
+        f"aiocop attach: attach needs CPython 3.14 or later (sys.remote_exec, PEP 768); this is {version}. Run "
+        "the program under aiocop instead: python -m aiocop run your_app.py (or -m your.module)"
+    )
+
+
+@needs_remote
+def test_a_uvicorn_server_that_never_imported_aiocop(tmp_path: Path) -> None:
+    """The issue's case: attach for 2 s while requests come in; the handlers' lines; the server as it was."""
+    port = free_port()
+    server = Target(
+        [
+            *(sys.executable, "-m", "uvicorn", "attach_app:app", "--app-dir", str(ROOT / "tests")),
+            *("--host", HOST, "--port", str(port), "--log-level", "warning", "--loop", "asyncio"),
+        ]
+    )
+    url = f"http://{HOST}:{port}"
+    stop = threading.Event()
+
+    def drive() -> None:
+        with httpx.Client(base_url=url, trust_env=False, timeout=10) as client:
+            while not stop.is_set():
+                for path in ("/blocking", "/stalling", "/clean"):
+                    with contextlib.suppress(httpx.TransportError):
+                        client.get(path)
+                time.sleep(0.02)
+
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/clean", trust_env=False).is_success:
+                    break
+            assert server.alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.1)
+        before = inside(server.pid, STATE)
+        assert before["aiocop"] == []
+        driver = threading.Thread(target=drive)
+        driver.start()
+        report_path = tmp_path / "report.json"
+        try:
+            result = aiocop_attach(str(server.pid), "--seconds", "2", "--json", str(report_path))
+        finally:
+            stop.set()
+            driver.join()
+        assert result.returncode == 0, result.stderr
+        app = ROOT / "tests" / "attach_app.py"
+        blocking = f"tests/attach_app.py:{line_of(app, 'ATTACH-APP-BLOCKING')}:app"
+        stalling = f"tests/attach_app.py:{line_of(app, 'ATTACH-APP-STALL')}:app"
+        report = json.loads(report_path.read_text())
+        sites = {row["call_site"]: row for row in report["call_sites"]}
+        assert sites[blocking]["events"] == {"os.stat": sites[blocking]["count"]}
+        assert sites[stalling]["events"] == {"stall": sites[stalling]["count"]}
+        assert sites[stalling]["worst_ms"] >= 60  # 100 ms, as the watchdog times it
+        assert f"{blocking}" in result.stderr and "detached" in result.stderr
+        assert report["already_running"] is False
+        # Left as it was: the same modules, functions and threads, and still serving.
+        assert as_before(server.pid, before) == before
+        assert httpx.get(f"{url}/blocking", trust_env=False).text == str(server.pid)
+    finally:
+        stop.set()
+        server.process.send_signal(signal.SIGINT)
+        try:
+            server.process.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.stop()
+
+
+@needs_remote
+def test_a_program_keeps_running_unchanged(targets: Any) -> None:
+    """The issue's "done means": 3 s on a program calling os.stat in a task; it runs on, as it was."""
+    target = targets("serve")
+    before = inside(target.pid, STATE)
+    result = aiocop_attach(str(target.pid), "--seconds", "3")
+    assert result.returncode == 0, result.stderr
+    stat_line = line_of(TARGETS, "ATTACH-STAT")
+    assert f"tests/attach_targets.py:{stat_line}:handler  os.stat" in result.stderr
+    assert as_before(target.pid, before) == before
+    assert target.alive()
+
+
+@needs_remote
+def test_fail_on(targets: Any) -> None:
+    target = targets("serve")
+    result = aiocop_attach(str(target.pid), "--seconds", "1", "--fail-on", "medium")
+    assert result.returncode == 3, result.stderr  # the 100 ms stalls are "high"
+    assert "failing: a call site reached impact 'high' (--fail-on medium)" in result.stderr
+
+
+@needs_remote
+def test_a_target_of_another_python_version(targets: Any) -> None:
+    other = "3.15" if sys.version_info[:2] == (3, 14) else "3.14"
+    python = shutil.which(f"python{other}")
+    if python is None:
+        pytest.skip(f"no python{other} here (CI's sid chroot has both)")
+    target = targets("serve", python=python)
+    result = aiocop_attach(str(target.pid), "--seconds", "1")
+    assert result.returncode == 1
+    this = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert result.stderr.strip() == (
+        f"aiocop attach: PID {target.pid} runs Python {other}, this is {this}: attach with the same version "
+        f"(python{other} -m aiocop attach {target.pid})"
+    )
+    assert target.alive()
+
+
+@needs_remote
+def test_a_target_that_is_not_python() -> None:
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        result = aiocop_attach(str(sleeper.pid), "--seconds", "1")
+        assert result.returncode == 1
+        assert result.stderr.startswith(f"aiocop attach: PID {sleeper.pid} is not a CPython 3.14+ process")
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+@needs_remote
+def test_a_pid_that_does_not_exist() -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: its PID is free
+    result = aiocop_attach(str(gone.pid), "--seconds", "1")
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"aiocop attach: no process with PID {gone.pid}"
+
+
+@needs_remote
+def test_a_process_of_another_user(targets: Any) -> None:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to attach as another user (CI runs as root)")
+    target = targets("serve")
+    result = subprocess.run(
+        [
+            *("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"),
+            *(sys.executable, "-m", "aiocop", "attach", str(target.pid), "--seconds", "1"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip() == (
+        f"aiocop attach: PID {target.pid} belongs to another user: attach as that user, or as root (CAP_SYS_PTRACE)"
+    )
+    assert target.alive()
+
+
+@needs_remote
+@pytest.mark.parametrize("how", ["environment", "-X"])
+def test_remote_debugging_disabled_in_the_target(targets: Any, how: str) -> None:
+    if how == "-X":
+        target = Target([sys.executable, "-X", "disable_remote_debug", str(TARGETS), "serve"])
+        target.wait_ready()
+        reason = "started with -X disable_remote_debug"
+    else:
+        target = targets("serve", env={"PYTHON_DISABLE_REMOTE_DEBUG": "1"})
+        reason = "PYTHON_DISABLE_REMOTE_DEBUG is set"
+    try:
+        result = aiocop_attach(str(target.pid), "--seconds", "1")
+        assert result.returncode == 1
+        assert result.stderr.strip() == f"aiocop attach: remote debugging is disabled in PID {target.pid} ({reason})"
+        assert target.alive()
+    finally:
+        target.stop()
+
+
+@needs_remote
+def test_a_target_running_aiocop_already(targets: Any) -> None:
+    """Its detection is read, not installed twice, and left running, with its own callback, after the attach."""
+    target = targets("with-aiocop")
+    before = inside(target.pid, STATE)
+    own = (
+        "{'started': sys.modules['aiocop']._state.started,"
+        " 'callbacks': len(sys.modules['aiocop']._callbacks.registered())}"
+    )
+    assert inside(target.pid, own) == {"started": True, "callbacks": 1}
+    result = aiocop_attach(str(target.pid), "--seconds", "1", "--threshold-ms", "5")
+    assert result.returncode == 0, result.stderr
+    assert "running aiocop already: its detection is left as it was" in result.stderr
+    assert "threshold 40 ms" in result.stderr  # the target's own, not --threshold-ms
+    assert inside(target.pid, own) == {"started": True, "callbacks": 1}
+    assert as_before(target.pid, before) == before
+
+
+@needs_remote
+def test_a_target_that_exits_during_the_window(targets: Any) -> None:
+    target = targets("exits", "1.5")
+    result = aiocop_attach(str(target.pid), "--seconds", "10")
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith(f"PID {target.pid} exited during the window: nothing to report")
+
+
+def _session_started(pid: int, timeout: float = 20.0) -> None:
+    """Wait until an attach to `pid` is under way (its status file says so)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for status in Path(tempfile.gettempdir()).glob(f"aiocop-attach-{pid}-*/status.json"):
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(status.read_text())["state"] == "started":
+                    return
+        time.sleep(0.02)
+    raise AssertionError("the attach did not start")
+
+
+@needs_remote
+def test_ctrl_c_on_the_attaching_side_detaches_the_target(targets: Any) -> None:
+    target = targets("serve")
+    before = inside(target.pid, STATE)
+    attaching = subprocess.Popen(
+        [sys.executable, "-m", "aiocop", "attach", str(target.pid), "--seconds", "60"],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _session_started(target.pid)
+    attaching.send_signal(signal.SIGINT)
+    _, stderr = attaching.communicate(timeout=30)
+    assert attaching.returncode == 130, stderr
+    assert "interrupted; the target has detached" in stderr
+    assert as_before(target.pid, before) == before
+    assert target.alive()
+
+
+@needs_remote
+def test_two_attaches_at_once(targets: Any) -> None:
+    target = targets("serve")
+    first = subprocess.Popen(
+        [sys.executable, "-m", "aiocop", "attach", str(target.pid), "--seconds", "3"],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _session_started(target.pid)
+    second = aiocop_attach(str(target.pid), "--seconds", "1")
+    _, stderr = first.communicate(timeout=60)
+    assert second.returncode == 1
+    assert second.stderr.strip() == (f"aiocop attach: PID {target.pid}: another attach (by PID {first.pid}) is running")
+    assert first.returncode == 0, stderr
+    assert "os.stat" in stderr
+    assert inside(target.pid, STATE)["aiocop"] == []
