@@ -256,6 +256,9 @@ class StepView(NamedTuple):
     elapsed_ms: float
     exceeded_threshold: bool
     records: list[Record]  # the step's blocking calls as the hook recorded them
+    dropped: int  # calls past the per-step buffer, not recorded
+    end: float  # perf_counter() when the step was seen to be over
+    thread_id: int
 
 
 def step_view(event: SlowTaskEvent) -> StepView | None:
@@ -271,7 +274,9 @@ def step_view(event: SlowTaskEvent) -> StepView | None:
         return None
     _, origin, group, *_ = resolve
     elapsed_ms = _elapsed_ms(group)
-    return StepView(elapsed_ms, elapsed_ms >= origin.threshold_ms, group.records)
+    return StepView(
+        elapsed_ms, elapsed_ms >= origin.threshold_ms, group.records, group.dropped, group.t_end, group.thread_id
+    )
 
 
 _new_object = object.__new__

@@ -311,9 +311,19 @@ def install() -> None:
 
 
 def _register_from_callback(loop: AbstractEventLoop) -> None:
-    # Run by `loop` itself: the frame below is the one that called into it.
-    if _tracking:
-        register(loop, sys._getframe(1))
+    # Run by `loop` itself: the frame below is the one that called into it,
+    # if any (a loop run from C or Rust, with no Python frame under it, has
+    # none: registered without, as before). Never raises into the loop.
+    if not _tracking:
+        return
+    try:
+        caller: FrameType | None = sys._getframe(1)
+    except ValueError:
+        caller = None
+    try:
+        register(loop, caller)
+    except Exception:
+        logger.exception("aiocop: could not track an event loop (ignored)")
 
 
 def uninstall() -> None:

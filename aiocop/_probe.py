@@ -20,8 +20,9 @@ import contextvars
 import logging
 import os
 import weakref
+from collections import deque
 from threading import get_ident
-from time import thread_time
+from time import perf_counter, thread_time
 from typing import TYPE_CHECKING
 
 from aiocop import _forksafe, _loops
@@ -48,23 +49,46 @@ class DelayProbe:
     """Times a timer due every `interval` seconds on each running loop; `record(delay_s)` each lateness.
 
     `record` runs on the loop's thread, from the probe's own callback, so it
-    must be quick (a histogram's `record`). A lateness of `limit()` seconds
-    or more is not recorded: that loop was held past the stall threshold,
-    and the stall is recorded whole, once, by whoever reports stalls.
+    must be quick (a histogram's `record`). A stall is recorded whole, once,
+    by whoever reports stalls, who tells the probe (`stalled`): the part of a
+    tick's lateness a stall explains is taken out of it, so that the stall is
+    not counted again, in part, while lateness no stall explains (a loop
+    overloaded with many short steps) is recorded in full. Each tick's
+    lateness is recorded at the next tick (or as its loop stops), when the
+    watchdog has reported any stall in its window.
     """
 
-    def __init__(self, interval: float, record: Callable[[float], None], limit: Callable[[], float]) -> None:
+    def __init__(self, interval: float, record: Callable[[float], None]) -> None:
         self.interval = interval
         self._record = record
-        self._limit = limit
         # id(loop) -> (the loop, weakly; the token its pending timer carries).
         # A timer whose token is no longer its loop's entry stops there: the
         # loop stopped (and may run again, with a new probe), or the probe
         # was stopped.
         self._ticking: dict[int, tuple[weakref.ref[AbstractEventLoop], object]] = {}
+        # id(loop) -> the last tick's lateness, not recorded yet: (its window's start and end, its thread).
+        self._unsettled: dict[int, tuple[float, float, int]] = {}
+        # Recent stalls: (thread, start, end), perf_counter() times.
+        self._stalls: deque[tuple[int, float, float]] = deque(maxlen=256)
         self._lock = _forksafe.lock()
         self._running = False
         _probes.add(self)
+
+    def stalled(self, thread_id: int, start: float, end: float) -> None:
+        """A stall of the loop of `thread_id` held it from `start` to `end` (perf_counter()), recorded whole."""
+        self._stalls.append((thread_id, start, end))
+
+    def _settle(self, key: int) -> None:
+        unsettled = self._unsettled.pop(key, None)
+        if unsettled is None:
+            return
+        start, end, thread_id = unsettled
+        explained = sum(
+            max(0.0, min(end, s_end) - max(start, s_start))
+            for s_thread, s_start, s_end in list(self._stalls)
+            if s_thread == thread_id
+        )
+        self._record(max(end - start - explained, 0.0))
 
     def start(self) -> None:
         """Probe every loop running now and every loop that starts from now on."""
@@ -82,6 +106,7 @@ class DelayProbe:
         with self._lock:
             self._running = False
             self._ticking.clear()
+            self._unsettled.clear()
 
     def probing(self, loop: AbstractEventLoop) -> bool:
         entry = self._ticking.get(id(loop))
@@ -107,6 +132,7 @@ class DelayProbe:
             entry = self._ticking.get(id(loop))
             if entry is not None and entry[0]() is loop:
                 del self._ticking[id(loop)]
+        self._settle(id(loop))
 
     # On the loop's thread
 
@@ -133,11 +159,12 @@ class DelayProbe:
         started = thread_time()
         if not self._current(loop, token):
             return
-        late = loop.time() - due
-        if late < self._limit():
-            # A loop runs a timer a hair early when its clock's resolution
-            # says it is due: that is no delay.
-            self._record(max(late, 0.0))
+        # A loop runs a timer a hair early when its clock's resolution says
+        # it is due: that is no delay.
+        late = max(loop.time() - due, 0.0)
+        now = perf_counter()
+        self._settle(id(loop))
+        self._unsettled[id(loop)] = (now - late, now, get_ident())
         self._arm(loop, token)
         # Told to the watchdog, which would otherwise take each tick for the
         # loop waking up to work, and look at it often for a while (its cost
@@ -155,6 +182,7 @@ _probes: weakref.WeakSet[DelayProbe] = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     for probe in list(_probes):
         probe._ticking.clear()
+        probe._unsettled.clear()
 
 
 if hasattr(os, "register_at_fork"):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -45,7 +46,7 @@ from aiocop import _api, _callbacks, _forksafe, _state, _watchdog
 from aiocop._delivery import record_call, record_site, step_view
 from aiocop._probe import DelayProbe
 from aiocop._severity import get_severity_level_from_score
-from aiocop._sites import FILE, FUNCTION, LINE, Attributes, RateLimit, SiteTable
+from aiocop._sites import FILE, FUNCTION, LINE, OTHER, Attributes, RateLimit, SiteTable
 from aiocop._validate import check_bool, check_int, check_ms, check_number, did_you_mean
 from aiocop._version import __version__
 
@@ -85,7 +86,7 @@ SIGNALS: tuple[Signal, ...] = (
         "s",
         (),
         "How late the event loop ran its work: each stall's length, and a periodic probe's lateness "
-        "on a healthy loop (below the threshold; a later probe is a stall, recorded once, whole).",
+        "(less the part of it a stall explains: a stall is recorded once, whole).",
         "OpenTelemetry names Node.js's `nodejs.eventloop.delay.*`; no convention exists for Python yet "
         "(opentelemetry-python-contrib #1760). The same shape under `asyncio.` is what one would be, and the "
         "name says the measure belongs to the loop, not to aiocop.",
@@ -143,7 +144,8 @@ ATTRIBUTES: dict[str, str] = {
     LINE: "Its line number. A semantic convention.",
     FUNCTION: "Its function. A semantic convention.",
     "aiocop.event": "What blocked: the audit event or wrapped call (`open`, `socket.connect`, `time.sleep`, "
-    "...), from a fixed table (docs/reference/detected-calls.md).",
+    "...), from a fixed table (docs/reference/detected-calls.md); `other` for calls past a step's buffer "
+    "(`max_events_per_step`), counted but not kept.",
     "aiocop.severity": "The call's weight as a level: `low`, `medium` or `high`.",
     "aiocop.call": "The call with its arguments, shortened (`os.stat('/etc/hosts')`): span events only, "
     "never a metric attribute (unbounded).",
@@ -211,10 +213,15 @@ class _Totals:
             return [metrics.Observation(total, attributes) for attributes, total in self._totals.values()]
 
 
-class _Recorder:
-    """The observer that turns each `SlowTaskEvent` into metric points and span events."""
+class _Instruments:
+    """The instruments of one meter, made once: the SDK keeps the first callback of an observable counter.
 
-    def __init__(self, meter: metrics.Meter, options: dict[str, Any]) -> None:
+    Instrumented again on the same meter provider (after `uninstrument()`),
+    the counters go on from their totals; a new set would be ignored by the
+    SDK, and the counters would stand still.
+    """
+
+    def __init__(self, meter: metrics.Meter) -> None:
         descriptions = {signal.name: (signal.unit, signal.description) for signal in SIGNALS}
 
         def counter(name: str) -> _Totals:
@@ -224,7 +231,7 @@ class _Recorder:
             return totals
 
         unit, description = descriptions["asyncio.eventloop.delay"]
-        # A histogram is recorded at each stall and probe only (10 a second per loop): the SDK's own.
+        # Recorded at each stall and probe tick only: the SDK's own histogram.
         self.delay = meter.create_histogram(
             "asyncio.eventloop.delay",
             unit=unit,
@@ -234,6 +241,29 @@ class _Recorder:
         self.calls = counter("aiocop.blocking_calls")
         self.stalls = counter("aiocop.stalls")
         self.blocked = counter("aiocop.loop.blocked_time")
+
+
+# id(meter) -> (the meter, its instruments). A process has a meter provider or two.
+_by_meter: dict[int, tuple[metrics.Meter, _Instruments]] = {}
+
+
+def _instruments(meter: metrics.Meter) -> _Instruments:
+    known = _by_meter.get(id(meter))
+    if known is None or known[0] is not meter:
+        known = _by_meter[id(meter)] = (meter, _Instruments(meter))
+    return known[1]
+
+
+class _Recorder:
+    """The observer that turns each `SlowTaskEvent` into metric points and span events."""
+
+    def __init__(self, meter: metrics.Meter, options: dict[str, Any]) -> None:
+        instruments = _instruments(meter)
+        self.delay = instruments.delay
+        self.calls = instruments.calls
+        self.stalls = instruments.stalls
+        self.blocked = instruments.blocked
+        self.probe: DelayProbe | None = None
         self.sites = SiteTable(options["max_call_sites"])
         self.span_events: bool = options["span_events"]
         self.span_limit = RateLimit(options["span_events_per_second"])
@@ -245,20 +275,27 @@ class _Recorder:
             for record in view.records:
                 self._count_call(record[0], record_site(record), record[5])
             site = record_site(view.records[0]) if view.records else None
+            dropped, end, thread_id = view.dropped, view.end, view.thread_id
         else:
             elapsed_ms, exceeded = event.elapsed_ms, event.exceeded_threshold
             for call in event.blocking_events:
                 name = call.get("name") or call["event"].partition("(")[0]
                 self._count_call(name, call.get("app_site") or call["entry_point"], call["severity"])
             site = event.call_site
+            dropped, end, thread_id = event.dropped_events, perf_counter(), event.thread_id
         if site is None:
             site = event.call_site  # a stall seen by the watchdog alone: its samples' line (stalls are rare)
+        if dropped:
+            # Calls past the step's buffer (max_events_per_step): counted, at the step's line, under `other`.
+            self.calls.add(dropped, self.sites.with_extra(site, (("aiocop.event", OTHER), ("aiocop.severity", "low"))))
         seconds = elapsed_ms / 1000.0
         attributes = self.sites.attributes(site)
         self.blocked.add(seconds, attributes)
         if exceeded:
             self.stalls.add(1, attributes)
             self.delay.record(seconds)
+            if self.probe is not None:
+                self.probe.stalled(thread_id, end - seconds, end)
             if self.span_events:
                 self._add_stall_event(event, site, seconds)
 
@@ -320,6 +357,7 @@ class AiocopInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     _recorder: _Recorder | None = None
     _probe: DelayProbe | None = None
     _started: tuple[bool, bool] = (False, False)  # (interception, watchdog) started by instrument()
+    _replaced: tuple[float, bool] | None = None  # the application's (threshold, sampling), if threshold_ms changed it
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return ()  # instruments the event loop, whatever runs it
@@ -332,19 +370,22 @@ class AiocopInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if started_interception:
             _api.configure()  # [tool.aiocop] if the project has one
         started_watchdog = not _watchdog.watchdog.running
-        if options["threshold_ms"] is not None or started_watchdog:
+        sampling = _watchdog.sampling.share_samples
+        self._replaced = None
+        if started_watchdog:
             _api.detect_slow_tasks(threshold_ms=options["threshold_ms"] or _state.config.threshold_ms)
+        elif options["threshold_ms"] is not None:
+            # The application's watchdog: its threshold changed (and put back by
+            # uninstrument()), its choice of CPU samples kept.
+            self._replaced = (_state.config.threshold_ms, sampling)
+            _api.detect_slow_tasks(threshold_ms=options["threshold_ms"], cpu_sampling=sampling)
         self._started = (started_interception, started_watchdog)
         self._recorder = recorder
         _callbacks.add_observer(recorder)
         if recorder.span_events:
             _callbacks.add_call_observer(recorder.on_call)
         if options["probe_interval_ms"]:
-            self._probe = DelayProbe(
-                options["probe_interval_ms"] / 1000.0,
-                recorder.delay.record,
-                lambda: _state.config.threshold_ms / 1000.0,
-            )
+            self._probe = recorder.probe = DelayProbe(options["probe_interval_ms"] / 1000.0, recorder.delay.record)
             self._probe.start()
 
     def _uninstrument(self, **kwargs: Any) -> None:
@@ -360,4 +401,8 @@ class AiocopInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _api.stop()
         elif started_watchdog:
             _api.stop_watchdog()
+        elif self._replaced is not None and _watchdog.watchdog.running:
+            threshold_ms, sampling = self._replaced
+            _api.detect_slow_tasks(threshold_ms=threshold_ms, cpu_sampling=sampling)
         self._started = (False, False)
+        self._replaced = None

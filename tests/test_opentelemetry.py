@@ -594,3 +594,123 @@ def test_the_quickstart_example() -> None:
     assert f"aiocop.stalls at examples/opentelemetry/quickstart.py:{spin_line}: 1" in lines
     (delay,) = [line for line in lines if line.startswith("asyncio.eventloop.delay")]
     assert float(delay.split("max ")[1].split(" s")[0]) >= 0.07  # the 80 ms stall, timed to a few ms
+
+
+# --- found by review ---------------------------------------------------------------------------
+
+
+def test_instrumented_again_on_the_same_provider_the_counters_go_on(
+    instrumented: tuple[Metrics, dict[str, Any]],
+) -> None:
+    """The SDK keeps an observable counter's first callback: a second set of totals would stand still."""
+    metrics, options = instrumented
+
+    async def stats(n: int) -> None:
+        for _ in range(n):
+            os.stat(ROOT)
+            await asyncio.sleep(0)
+
+    AiocopInstrumentor().instrument(**options)
+    asyncio.run(stats(5))
+    assert metrics.wait_for("aiocop.blocking_calls", 5, aiocop_event="os.stat") == 5
+    AiocopInstrumentor().uninstrument()
+    AiocopInstrumentor().instrument(**options)
+    asyncio.run(stats(3))
+    assert metrics.wait_for("aiocop.blocking_calls", 8, aiocop_event="os.stat") == 8
+
+
+def test_calls_past_the_step_buffer_are_counted(instrumented: tuple[Metrics, dict[str, Any]]) -> None:
+    metrics, options = instrumented
+    aiocop.start_blocking_io_detection(max_events_per_step=3)
+    AiocopInstrumentor().instrument(**options)
+
+    async def ten_in_one_step() -> None:
+        for _ in range(10):
+            os.stat(ROOT)
+
+    asyncio.run(ten_in_one_step())
+    assert metrics.wait_for("aiocop.blocking_calls", 10) == 10
+    assert metrics.total("aiocop.blocking_calls", aiocop_event="os.stat") == 3
+    assert metrics.total("aiocop.blocking_calls", aiocop_event="other", code_function_name="ten_in_one_step") == 7
+
+
+def test_threshold_ms_on_the_applications_watchdog_is_put_back(instrumented: tuple[Metrics, dict[str, Any]]) -> None:
+    _, options = instrumented
+    aiocop.start_blocking_io_detection()
+    aiocop.detect_slow_tasks(threshold_ms=100, cpu_sampling=False)
+    AiocopInstrumentor().instrument(**options)  # threshold_ms=20
+    assert (_state.config.threshold_ms, _watchdog.sampling.share_samples) == (THRESHOLD_MS, False)
+    AiocopInstrumentor().uninstrument()
+    assert (_state.config.threshold_ms, _watchdog.sampling.share_samples) == (100, False)
+
+
+def test_an_overloaded_loop_shows_in_the_histogram(instrumented: tuple[Metrics, dict[str, Any]]) -> None:
+    """Many short steps, none a stall: the probe's lateness is the only sign, and it is recorded."""
+    metrics, options = instrumented
+    AiocopInstrumentor().instrument(**options, probe_interval_ms=20)
+
+    async def worker(until: float) -> None:
+        while time.perf_counter() < until:
+            stalls.spin(0.002)  # 2 ms steps, a tenth of the 20 ms threshold
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        until = time.perf_counter() + 1.0
+        await asyncio.gather(*(worker(until) for _ in range(20)))  # ~40 ms of ready work per round
+
+    asyncio.run(main())
+    (delay,) = metrics.points("asyncio.eventloop.delay")
+    # Values over 25 ms: the probe's, late behind ~40 ms of short steps, and any real stall (a step the
+    # machine set aside that long). Before, a probe later than the threshold was dropped as a stall's.
+    over_25_ms = sum(
+        n for bound, n in zip((0.0, *delay.explicit_bounds), delay.bucket_counts, strict=True) if bound >= 0.025
+    )
+    stalls_seen = metrics.total("aiocop.stalls")
+    assert over_25_ms >= stalls_seen + 3, (over_25_ms, stalls_seen)
+
+
+def test_the_part_of_a_ticks_lateness_a_stall_explains_is_taken_out() -> None:
+    from aiocop._probe import DelayProbe
+
+    recorded: list[float] = []
+    probe = DelayProbe(0.5, recorded.append)
+    probe.stalled(7, 10.0, 10.06)  # a 60 ms stall of thread 7's loop
+    probe.stalled(8, 10.0, 10.5)  # another loop's
+    probe._unsettled[1] = (10.0, 10.08, 7)  # a tick 80 ms late, over the stall
+    probe._settle(1)
+    probe._unsettled[1] = (11.0, 11.03, 7)  # one 30 ms late with no stall
+    probe._settle(1)
+    assert [round(x, 6) for x in recorded] == [0.02, 0.03]
+
+
+def test_a_loop_with_no_python_frame_under_it_is_registered_quietly(
+    instrumented: tuple[Metrics, dict[str, Any]],
+) -> None:
+    """A loop written in C run from C (here: a thread started on run_forever) has no caller frame."""
+    uvloop = pytest.importorskip("uvloop")
+    _thread = pytest.importorskip("_thread")
+    errors: list[dict[str, Any]] = []
+    loop = uvloop.new_event_loop()
+    loop.set_exception_handler(lambda _, context: errors.append(context))
+    aiocop.start_blocking_io_detection()
+    aiocop.detect_slow_tasks(threshold_ms=THRESHOLD_MS)
+    done = threading.Event()
+
+    async def steps() -> None:
+        for _ in range(5):
+            os.stat(ROOT)
+            await asyncio.sleep(0.01)
+        done.set()
+
+    loop.call_soon_threadsafe(lambda: loop.create_task(steps()))
+    _thread.start_new_thread(loop.run_forever, ())
+    try:
+        assert done.wait(10)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        deadline = time.monotonic() + 10
+        while loop.is_running() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        loop.close()
+    assert errors == []
+    assert any(watch.loop is loop for watch in _loops.watches.values()) or not loop.is_running()

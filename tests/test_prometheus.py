@@ -159,6 +159,24 @@ def worker_totals(targets: Path) -> dict[str, float]:
     return totals
 
 
+async def until_every_worker(url: str, path: str) -> tuple[int, set[int]]:
+    """Requests to `path` until every worker has served one (the kernel spreads them): how many, and who."""
+    served: set[int] = set()
+    sent = 0
+    async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=30.0) as client:
+        while len(served) < WORKERS:
+            assert sent < 500, f"{len(served)} of {WORKERS} workers served {sent} requests"
+            # Concurrent, so that a busy worker is not always the one the kernel wakes, and each on a
+            # new connection (a kept-alive one stays with its worker).
+            headers = {"Connection": "close"}
+            responses = await asyncio.gather(*(client.get(path, headers=headers) for _ in range(WORKERS)))
+            sent += len(responses)
+            for response in responses:
+                response.raise_for_status()
+                served.add(int(response.json()["pid"]))
+    return sent, served
+
+
 async def drive(url: str, blocking: int, stalling: int, clean: int) -> set[int]:
     """The requests, interleaved and a few at a time; the worker processes that served them."""
     paths = ["/blocking"] * blocking + ["/stalling"] * stalling + ["/clean"] * clean
@@ -218,40 +236,46 @@ def test_prometheus_sums_the_workers_of_a_fleet(command: str, tmp_path: Path) ->
             f'code_line_number="{blocking_line}", code_function_name="blocking", aiocop_event="os.stat"}})'
         )
         stalls_query = f'sum(aiocop_stalls_total{{code_line_number="{stall_line}", code_function_name="stalling"}})'
-        # One of each first, scraped, so that the dashboards' increase() and rate() see the rest arrive.
-        served = asyncio.run(drive(url, 1, 1, 0))
+        # First a blocking and a stalling request served by every worker, scraped: each worker's series
+        # exists before the rest arrive, so that the dashboards' increase() and rate() see them arrive.
+        warm_blocking, served = asyncio.run(until_every_worker(url, "/blocking"))
+        warm_stalling, served_stalls = asyncio.run(until_every_worker(url, "/stalling"))
         wait_until(
-            "Prometheus to see the first call and stall",
-            lambda: prometheus.value(calls_query) == 1 and prometheus.value(stalls_query) == 1,
+            "Prometheus to see every worker's first calls and stalls",
+            lambda: prometheus.value(calls_query) == warm_blocking and prometheus.value(stalls_query) == warm_stalling,
         )
-        served |= asyncio.run(drive(url, BLOCKING - 1, STALLING - 1, CLEAN))
+        blocking, stalling = max(BLOCKING, warm_blocking + 1), max(STALLING, warm_stalling + 1)
+        served |= served_stalls | asyncio.run(drive(url, blocking - warm_blocking, stalling - warm_stalling, CLEAN))
 
         # What the workers report, once every stall's report is in (the watchdog's, just after each).
-        reported = wait_until(
-            "the workers to report every call and stall",
-            lambda: (
-                (t := worker_totals(targets))
-                and t.get(f"calls:{blocking_line}") == BLOCKING
-                and t.get(f"stalls:{stall_line}") == STALLING
-                and t
-            ),
-            timeout=30,
-        )
+        try:
+            reported = wait_until(
+                "the workers to report every call and stall",
+                lambda: (
+                    (t := worker_totals(targets))
+                    and t.get(f"calls:{blocking_line}") == blocking
+                    and t.get(f"stalls:{stall_line}") == stalling
+                    and t
+                ),
+                timeout=30,
+            )
+        except AssertionError as error:
+            raise AssertionError(f"{error}; the workers say {worker_totals(targets)}") from None
         # Prometheus' sums over the workers, once a scrape has taken them all.
         wait_until(
             "Prometheus to hold the workers' totals",
-            lambda: prometheus.value(calls_query) == BLOCKING and prometheus.value(stalls_query) == STALLING,
+            lambda: prometheus.value(calls_query) == blocking and prometheus.value(stalls_query) == stalling,
             timeout=30,
         )
-        assert prometheus.value(calls_query) == reported[f"calls:{blocking_line}"] == BLOCKING
-        assert prometheus.value(stalls_query) == reported[f"stalls:{stall_line}"] == STALLING
+        assert prometheus.value(calls_query) == reported[f"calls:{blocking_line}"] == blocking
+        assert prometheus.value(stalls_query) == reported[f"stalls:{stall_line}"] == stalling
         # The histogram: the probe's healthy delays under 50 ms, the stalls (100 ms each) above.
         above = (
             'sum(asyncio_eventloop_delay_seconds_bucket{le="+Inf"}) '
             '- sum(asyncio_eventloop_delay_seconds_bucket{le="0.05"})'
         )
-        wait_until("the stalls in the delay histogram", lambda: prometheus.value(above) == STALLING, timeout=30)
-        assert reported["delay_le_+Inf"] - reported["delay_le_0.05"] == STALLING
+        wait_until("the stalls in the delay histogram", lambda: prometheus.value(above) == stalling, timeout=30)
+        assert reported["delay_le_+Inf"] - reported["delay_le_0.05"] == stalling
         assert prometheus.value('sum(asyncio_eventloop_delay_seconds_bucket{le="0.05"})') > 0  # the probe's
 
         # The dashboards' queries of docs/how-to/prometheus.md.
@@ -259,8 +283,7 @@ def test_prometheus_sums_the_workers_of_a_fleet(command: str, tmp_path: Path) ->
         top = wait_until("an answer to the top call sites query", lambda: prometheus.query(TOP_SITES), timeout=30)
         assert top[0]["metric"]["code_function_name"] == "blocking"
         assert top[0]["metric"]["code_line_number"] == blocking_line
-        # increase() counts from each worker's first scraped value of a series: what a worker had
-        # counted before that scrape is not in it (Prometheus' way with counters that appear).
+        # increase() counts what came after each worker's first scraped value of its series.
         assert float(top[0]["value"][1]) > 0
         p99 = wait_until("an answer to the p99 query", lambda: prometheus.query(P99_DELAY), timeout=30)
         assert [r["metric"]["job"] for r in p99] == ["fleet-demo"]
