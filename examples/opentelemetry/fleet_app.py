@@ -42,8 +42,10 @@ async def blocking(request: Request) -> JSONResponse:
 
 
 async def stalling(request: Request) -> JSONResponse:
-    # CPU-bound work that holds the loop for 100 ms (3x the default threshold).
-    end = time.perf_counter() + 0.1
+    # CPU-bound work that holds the loop for 250 ms: past the watchdog's idle look interval (100 ms),
+    # since Granian's default loop (rloop) tells the watchdog nothing of when it woke, and a shorter
+    # stall right after a quiet spell can go unseen there (docs/concepts/watchdog.md).
+    end = time.perf_counter() + 0.25
     while time.perf_counter() < end:  # FLEET-STALL
         pass
     return JSONResponse({"pid": os.getpid()})
