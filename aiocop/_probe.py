@@ -119,6 +119,9 @@ class DelayProbe:
         with self._lock:
             if not self._running or self.probing(loop):
                 return
+            # Loops gone without a stop aiocop saw (found running, then collected) leave entries: dropped here.
+            for key in [k for k, (ref, _) in self._ticking.items() if ref() is None]:
+                del self._ticking[key]
             self._ticking[id(loop)] = (weakref.ref(loop), token)
         # From any thread (a loop found running by the watchdog, or the one
         # that called instrument()): the only call a loop takes from anywhere.

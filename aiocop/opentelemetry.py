@@ -26,7 +26,9 @@ Needs the `opentelemetry` extra: `pip install 'aiocop[opentelemetry]'`.
 
 from __future__ import annotations
 
+import os
 import time
+import weakref
 from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
@@ -199,6 +201,7 @@ class _Totals:
     def __init__(self) -> None:
         self._lock = _forksafe.lock()
         self._totals: dict[int, list[Any]] = {}  # id(attributes) -> [attributes, total]
+        _every_totals.add(self)
 
     def add(self, amount: float, attributes: Attributes) -> None:
         with self._lock:
@@ -211,6 +214,19 @@ class _Totals:
     def observe(self, options: metrics.CallbackOptions) -> list[metrics.Observation]:
         with self._lock:
             return [metrics.Observation(total, attributes) for attributes, total in self._totals.values()]
+
+
+# A forked worker (gunicorn --preload) is a process of its own: its counts start at zero.
+_every_totals: weakref.WeakSet[_Totals] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for totals in list(_every_totals):
+        totals._totals.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Instruments:

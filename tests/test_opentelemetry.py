@@ -714,3 +714,25 @@ def test_a_loop_with_no_python_frame_under_it_is_registered_quietly(
         loop.close()
     assert errors == []
     assert any(watch.loop is loop for watch in _loops.watches.values()) or not loop.is_running()
+
+
+def test_a_forked_worker_counts_from_zero(instrumented: tuple[Metrics, dict[str, Any]]) -> None:
+    """gunicorn --preload forks workers from an instrumented master: each is a process of its own."""
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    metrics, options = instrumented
+    AiocopInstrumentor().instrument(**options)
+    asyncio.run(stat_then_stall())
+    assert metrics.wait_for("aiocop.blocking_calls", aiocop_event="os.stat") == 1
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its totals, as its collection would read them
+        try:
+            os.write(write, str(metrics.total("aiocop.blocking_calls")).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as child:
+        assert float(child.read()) == 0
+    os.waitpid(pid, 0)
+    assert metrics.total("aiocop.blocking_calls", aiocop_event="os.stat") == 1  # the parent's, unchanged
