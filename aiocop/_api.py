@@ -224,11 +224,16 @@ def stop() -> None:
     cannot be removed) and ends the watchdog thread. Start again with
     `start_blocking_io_detection()` / `detect_slow_tasks()`. Added in 2.0.
     """
+    stop_interception()
+    stop_watchdog()
+    _delivery.drain()
+
+
+def stop_interception() -> None:
+    """Make the audit hook inert and restore the wrapped functions (`start_blocking_io_detection` undone)."""
     _state.started = False
     _hook.rebuild()
     _wrappers.unpatch_audit_functions()
-    stop_watchdog()
-    _delivery.drain()
 
 
 def stop_watchdog() -> None:

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -32,7 +33,7 @@ EXIT_INTERRUPTED = 130
 # How long the target may take to run the bootstrap: it runs at the main
 # thread's next safe point, which an idle server reaches at its next request
 # or timer. Past this the attach gives up (and a late run does nothing).
-START_TIMEOUT_S = 10.0
+START_TIMEOUT_S = float(os.environ.get("AIOCOP_ATTACH_START_TIMEOUT_S", "10"))
 # After the window: the report (the pending events delivered, the summary written).
 REPORT_GRACE_S = 10.0
 
@@ -40,9 +41,8 @@ BOOTSTRAP = """\
 # Written by `python -m aiocop attach` (PID {by}) for this process; it removes its folder when done.
 def _aiocop_attach(settings):
     import importlib.machinery, importlib.util, json, os, shutil, sys
-    folder = settings["folder"]
-    if os.path.exists(os.path.join(folder, "cancelled")):
-        shutil.rmtree(folder, ignore_errors=True)  # the attaching side gave up waiting: do nothing
+    if os.path.exists(os.path.join(settings["folder"], "cancelled")):
+        shutil.rmtree(settings["out"], ignore_errors=True)  # the attaching side gave up waiting: do nothing
         return
     try:
         modules_before = [n for n in sys.modules if n == "aiocop" or n.startswith("aiocop.")]
@@ -64,7 +64,7 @@ def _aiocop_attach(settings):
         aiocop = sys.modules.get("aiocop")
         where = f"aiocop {{getattr(aiocop, '__version__', '?')}} ({{getattr(aiocop, '__file__', '?')}})"
         status = {{"state": "error", "error": f"could not load {{where}}: {{type(error).__name__}}: {{error}}"}}
-        with open(os.path.join(folder, "status.json"), "w") as out:
+        with open(os.path.join(settings["out"], "status.json"), "w") as out:
             json.dump(status, out)
         return
     agent.start({{**settings, "injected": injected, "modules_before": modules_before}})
@@ -72,7 +72,9 @@ def _aiocop_attach(settings):
 
 # The imports take tens of milliseconds: on a thread of their own, not on this
 # one, which is often the target's event loop's.
-__import__("threading").Thread(target=_aiocop_attach, args=({settings!r},), daemon=True).start()
+__import__("threading").Thread(
+    target=_aiocop_attach, args=(__import__("json").loads({settings!r}),), daemon=True
+).start()
 del _aiocop_attach
 """
 
@@ -108,10 +110,40 @@ def check_target(pid: int) -> None:
         environ = (proc / "environ").read_bytes().split(b"\0")
     except OSError:
         return  # not Linux, or not readable: sys.remote_exec will say
-    if b"PYTHON_DISABLE_REMOTE_DEBUG" in {entry.partition(b"=")[0] for entry in environ if entry.partition(b"=")[2]}:
-        raise AttachError(f"remote debugging is disabled in PID {pid} (PYTHON_DISABLE_REMOTE_DEBUG is set)")
-    if any(argv[i] == b"-X" and argv[i + 1] == b"disable_remote_debug" for i in range(len(argv) - 1)):
+    options = _interpreter_options(argv)
+    if b"disable_remote_debug" in options:
         raise AttachError(f"remote debugging is disabled in PID {pid} (started with -X disable_remote_debug)")
+    # -E and -I (alone or in a cluster, -IE) make the interpreter ignore PYTHON* variables.
+    ignores_environment = any(
+        o[:1] == b"-" and o[1:2] not in (b"-", b"W") and (b"E" in o[1:] or b"I" in o[1:]) for o in options
+    )
+    set_vars = {entry.partition(b"=")[0] for entry in environ if entry.partition(b"=")[2]}
+    if b"PYTHON_DISABLE_REMOTE_DEBUG" in set_vars and not ignores_environment:
+        raise AttachError(f"remote debugging is disabled in PID {pid} (PYTHON_DISABLE_REMOTE_DEBUG is set)")
+
+
+def _interpreter_options(argv: list[bytes]) -> list[bytes]:
+    """The interpreter's own options in a command line (before the script, `-m` or `-c`), `-X` values apart.
+
+    `python app.py -X disable_remote_debug` passes those words to the app.
+    """
+    options: list[bytes] = []
+    args = iter(argv[1:])
+    for arg in args:
+        if not arg.startswith(b"-") or arg in (b"-", b"--"):
+            break
+        if arg in (b"-X", b"-W"):
+            value = next(args, b"")
+            if arg == b"-X":
+                options.append(value)
+            continue
+        if arg.startswith(b"-X"):
+            options.append(arg[2:])
+            continue
+        options.append(arg)
+        if arg[:2] in (b"-m", b"-c") or (arg[1:2] != b"-" and (b"m" in arg or b"c" in arg)):
+            break
+    return options
 
 
 def _explain(pid: int, error: BaseException) -> AttachError:
@@ -139,11 +171,26 @@ def _owner(pid: int) -> int:
 
 
 def _read(path: Path) -> dict[str, Any] | None:
+    """A JSON file the target wrote: a regular file only (the target could make it a link or a FIFO)."""
     try:
-        document: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, encoding="utf-8") as stream:
+            fd = -1
+            document: dict[str, Any] = json.loads(stream.read(_MAX_REPORT_BYTES))
     except (OSError, ValueError):
         return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
     return document
+
+
+_MAX_REPORT_BYTES = 64 << 20
 
 
 def _alive(pid: int) -> bool:
@@ -169,58 +216,72 @@ def attach(pid: int, seconds: float, threshold_ms: float | None) -> dict[str, An
     """Watch PID for `seconds`; its report. Raises AttachError; KeyboardInterrupt ends the window early."""
     check_interpreter()
     check_target(pid)
-    folder = Path(tempfile.mkdtemp(prefix=f"aiocop-attach-{pid}-"))  # 0700, this user's
+    # This user's folder (0700, or 0711 for another user's target: it may pass through, not list or write):
+    # the bootstrap, and the `stop` and `cancelled` files this side leaves. The target writes in `out`
+    # only, its own when root attaches to another user's process: it can plant nothing this side opens.
+    folder = Path(tempfile.mkdtemp(prefix=f"aiocop-attach-{pid}-"))
+    out = folder / "out"
+    out.mkdir(mode=0o700)
     owner = _owner(pid)
+    other_user = owner != os.getuid() and os.geteuid() == 0
+    cancelled = False
     try:
-        if owner != os.getuid() and os.geteuid() == 0:
-            os.chown(folder, owner, -1)  # root attaching to another user's process: the target writes here
         settings = {
             "folder": str(folder),
+            "out": str(out),
             "path": str(Path(aiocop.__file__).resolve().parent.parent),
             "seconds": seconds,
             "threshold_ms": threshold_ms,
             "by": os.getpid(),
         }
         script = folder / "bootstrap.py"
-        with open(os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as out:
-            out.write(BOOTSTRAP.format(by=os.getpid(), settings=settings))
-        if owner != os.getuid() and os.geteuid() == 0:
+        with open(os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as stream:
+            stream.write(BOOTSTRAP.format(by=os.getpid(), settings=json.dumps(settings)))
+        if other_user:
+            os.chmod(folder, 0o711)
             os.chown(script, owner, -1)
+            os.chown(out, owner, -1)
         try:
             sys.remote_exec(pid, str(script))  # type: ignore[attr-defined]
         except (RuntimeError, OSError) as error:
             raise _explain(pid, error) from None
-        return _wait(pid, folder, seconds)
+        try:
+            return _wait(pid, folder, out, seconds)
+        except BaseException:
+            cancelled = (folder / "cancelled").exists()
+            raise
     finally:
-        if (folder / "cancelled").exists():
-            pass  # a late bootstrap removes the folder itself
-        else:
+        if not cancelled:  # else a late bootstrap must still find it, and do nothing
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _wait(pid: int, folder: Path, seconds: float) -> dict[str, Any]:
-    status_file = folder / "status.json"
+def _wait(pid: int, folder: Path, out: Path, seconds: float) -> dict[str, Any]:
+    status_file = out / "status.json"
     try:
         _wait_started(pid, folder, status_file)
         status = _wait_done(pid, status_file, time.monotonic(), seconds)
     except KeyboardInterrupt:
-        # The target ends its window now (or, not started yet, does nothing)
-        # and detaches; its folder stays until it has said so.
-        (folder / "stop").touch()
         _progress("")
         print("aiocop: interrupted: asking the target to detach...", file=sys.stderr)
+        _leave(folder, "stop")  # the target ends its window now, and detaches
         if _read(status_file) is None:
-            (folder / "cancelled").touch()  # nobody waits: the target, if it starts, stops and cleans up
+            _leave(folder, "cancelled")  # not started: if it starts, it stops at once and cleans up
         else:
             with contextlib.suppress(AttachError):
                 _wait_done(pid, status_file, time.monotonic(), 0.0)  # its report, within the grace period
         raise
     finally:
         _progress("")
-    report = _read(folder / "report.json")
+    report = _read(out / "report.json")
     if status["state"] == "error" or report is None:
         raise AttachError(f"PID {pid}: {status.get('error', 'it said it was done but left no report')}")
     return report
+
+
+def _leave(folder: Path, name: str) -> None:
+    """A file the target looks for: made here, in this side's own folder, never through a link."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
 
 
 def _wait_started(pid: int, folder: Path, status_file: Path) -> None:
@@ -229,7 +290,8 @@ def _wait_started(pid: int, folder: Path, status_file: Path) -> None:
         if not _alive(pid):
             raise AttachError(f"PID {pid} exited before it ran aiocop's script")
         if time.monotonic() - asked > START_TIMEOUT_S:
-            (folder / "cancelled").touch()
+            _leave(folder, "stop")
+            _leave(folder, "cancelled")
             raise AttachError(
                 f"PID {pid} did not run aiocop's script within {START_TIMEOUT_S:g} s: its main thread has not "
                 "reached Python code since (blocked in a call, or an idle server waiting for its next request), "

@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 import aiocop
-from aiocop import _api, _callbacks, _delivery, _loops, _state, _watchdog
+from aiocop import _api, _callbacks, _delivery, _hook, _loops, _state, _watchdog
 from aiocop._report import Summary
 
 # One session at a time per process: a second attach is told so.
@@ -55,54 +55,63 @@ def _write(folder: str, name: str, document: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
+def _told(settings: dict[str, Any], name: str) -> bool:
+    """Whether the attaching side left `name` (`stop`, `cancelled`) in its folder."""
+    return os.path.exists(os.path.join(settings["folder"], name))
+
+
 def _session(settings: dict[str, Any]) -> None:
     global _active
-    folder = settings["folder"]
+    out = settings["out"]  # the folder this process writes in
+    if _told(settings, "cancelled"):  # the attaching side gave up before this could start
+        _cleanup(settings, (False, False))
+        return
     with _lock:
         busy = _active
         if busy is None:
             _active = settings
     if busy is not None:
-        _write(folder, "status.json", {"state": "error", "error": f"another attach (by PID {busy['by']}) is running"})
+        _write(out, "status.json", {"state": "error", "error": f"another attach (by PID {busy['by']}) is running"})
         return
     started = (False, False)
     final: dict[str, Any] = {"state": "error", "error": "the session ended early"}
+    saved = _settings()
     try:
         started, summary, threshold_ms = _install(settings)
-        _write(
-            folder,
-            "status.json",
-            {"state": "started", "already_running": not started[0], "threshold_ms": threshold_ms},
-        )
+        already = not (started[0] and started[1])
+        _write(out, "status.json", {"state": "started", "already_running": already, "threshold_ms": threshold_ms})
         window = _watch(settings)
-        _uninstall(summary, started)
+        _uninstall(summary, started, saved)
         report = {
             "pid": os.getpid(),
             "python": sys.version.split()[0],
             "aiocop": aiocop.__version__,
             "seconds": round(window, 3),
             "threshold_ms": threshold_ms,
-            "already_running": not started[0],
+            "already_running": already,
             "loops": len(_seen_loops),
             **summary.to_dict(),
         }
-        _write(folder, "report.json", report)
+        _write(out, "report.json", report)
         final = {"state": "done"}
     except BaseException as error:  # never into the target: said to the attaching side instead
         final = {"state": "error", "error": f"{type(error).__name__}: {error}"}
     finally:
+        _cleanup(settings, started)
         with _lock:
             _active = None
-        _cleanup(settings, started)
         # Last: the attaching side takes this for the target being as it was.
-        if os.path.exists(os.path.join(folder, "cancelled")):
-            shutil.rmtree(folder, ignore_errors=True)  # nobody is waiting any more
-        else:
+        if not _told(settings, "cancelled"):
             with contextlib.suppress(OSError):
-                _write(folder, "status.json", final)
+                _write(out, "status.json", final)
 
 
 _seen_loops: set[int] = set()
+
+
+def _settings() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The target's own settings, put back when the session ends: a session changes none of them."""
+    return dict(vars(_state.config)), dict(vars(_watchdog.sampling))
 
 
 def _install(settings: dict[str, Any]) -> tuple[tuple[bool, bool], Summary, float]:
@@ -113,7 +122,9 @@ def _install(settings: dict[str, Any]) -> tuple[tuple[bool, bool], Summary, floa
     if started_interception:
         aiocop.start_blocking_io_detection()
     if started_watchdog:
-        aiocop.detect_slow_tasks(threshold_ms=settings["threshold_ms"] or _state.config.threshold_ms)
+        # A target running interception alone keeps its own threshold.
+        threshold = settings["threshold_ms"] if started_interception else None
+        aiocop.detect_slow_tasks(threshold_ms=threshold or _state.config.threshold_ms)
     _callbacks.register_slow_task_callback(summary)
     return (started_interception, started_watchdog), summary, _state.config.threshold_ms
 
@@ -122,31 +133,40 @@ def _watch(settings: dict[str, Any]) -> float:
     """Wait out the window, or until the attaching side says stop; how long it watched."""
     began = time.monotonic()
     deadline = began + settings["seconds"]
-    stop_file = os.path.join(settings["folder"], "stop")
-    # The folder gone (the attaching side cleaned up after a failure) is a stop too.
-    while time.monotonic() < deadline and not os.path.exists(stop_file) and os.path.isdir(settings["folder"]):
+    # `cancelled` (the attaching side gave up) and the folder gone (it cleaned up) are stops too.
+    while (
+        time.monotonic() < deadline
+        and not _told(settings, "stop")
+        and not _told(settings, "cancelled")
+        and os.path.isdir(settings["out"])
+    ):
         _seen_loops.update(_loops.watches)
         time.sleep(_POLL_S)
     return time.monotonic() - began
 
 
-def _uninstall(summary: Summary, started: tuple[bool, bool]) -> None:
+def _uninstall(summary: Summary, started: tuple[bool, bool], saved: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    """Stop what this session started, and only that; the target's settings as they were."""
     started_interception, started_watchdog = started
     if started_interception:
-        _api.stop()  # restores every patched function; delivers what is pending
-    elif started_watchdog:
+        _api.stop_interception()
+    if started_watchdog:
         _api.stop_watchdog()
-        _delivery.drain()
-    else:
-        _delivery.drain()
+    _delivery.drain()
     _callbacks.unregister_slow_task_callback(summary)
+    if not (started_interception and started_watchdog):
+        config, sampling = saved
+        vars(_state.config).update(config)
+        vars(_watchdog.sampling).update(sampling)
+        _hook.rebuild()
 
 
 def _cleanup(settings: dict[str, Any], started: tuple[bool, bool]) -> None:
     """Leave the target as it was: the modules of aiocop this session imported, and their exit handlers, gone."""
     had = set(settings["modules_before"])
-    if "aiocop" not in had and (started[0] or not _state.started):
+    if "aiocop._api" not in had and not _state.started and not _watchdog.watchdog.running:
         atexit.unregister(_api._at_exit)
+    if "aiocop._delivery" not in had and not _state.started and not _watchdog.watchdog.running:
         atexit.unregister(_delivery.drain)
         _delivery._worker.shutdown()
     for name in [n for n in sys.modules if (n == "aiocop" or n.startswith("aiocop.")) and n not in had]:
@@ -155,3 +175,5 @@ def _cleanup(settings: dict[str, Any], started: tuple[bool, bool]) -> None:
         if package in sys.modules:  # `aiocop._attach_agent`, an attribute of the target's own package too
             with contextlib.suppress(AttributeError):
                 delattr(sys.modules[package], attribute)
+    if _told(settings, "cancelled"):
+        shutil.rmtree(settings["out"], ignore_errors=True)  # nobody will read it

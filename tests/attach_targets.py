@@ -25,7 +25,7 @@ def spin(seconds: float) -> None:
 
 
 async def serve(seconds: float | None) -> None:
-    print("ready", flush=True)
+    print("awake" if sys.argv[1] == "asleep" else "ready", flush=True)
     started = time.monotonic()
     n = 0
     tasks = set()
@@ -39,13 +39,22 @@ async def serve(seconds: float | None) -> None:
 
 def main() -> None:
     kind = sys.argv[1]
-    if kind == "with-aiocop":  # a target that runs aiocop itself, with its own callback
+    seen: list[object] = []
+    sys.modules["__main__"].seen = seen  # type: ignore[attr-defined]
+    if kind in ("with-aiocop", "imported-aiocop", "watchdog-only", "interception-only"):
         import aiocop
 
-        seen: list[object] = []
-        aiocop.start_blocking_io_detection()
-        aiocop.detect_slow_tasks(threshold_ms=40, on_slow_task=seen.append)
-        sys.modules["__main__"].seen = seen  # type: ignore[attr-defined]
+        if kind == "with-aiocop":  # aiocop running, with its own callback
+            aiocop.start_blocking_io_detection()
+            aiocop.detect_slow_tasks(threshold_ms=40, on_slow_task=seen.append)
+        elif kind == "watchdog-only":  # stalls only, without samples
+            aiocop.detect_slow_tasks(threshold_ms=50, on_slow_task=seen.append, cpu_sampling=False)
+        elif kind == "interception-only":
+            aiocop.start_blocking_io_detection(trace_depth=7)
+            aiocop.register_slow_task_callback(seen.append)
+    if kind == "asleep":  # the main thread in a long C call before its loop runs: no safe point
+        print("ready", flush=True)
+        time.sleep(float(sys.argv[2]))
     asyncio.run(serve(float(sys.argv[2]) if kind == "exits" else None))
 
 

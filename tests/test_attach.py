@@ -124,7 +124,8 @@ STATE = (
     " 'stat': repr(os.stat), 'open': repr(open), 'sleep': repr(__import__('time').sleep),"
     " 'set_asyncgen_hooks': repr(sys.set_asyncgen_hooks),"
     " 'set_running_loop': repr(__import__('asyncio').events._set_running_loop),"
-    " 'threads': sorted(t.name for t in threading.enumerate()), 'path': sys.path}"
+    " 'threads': sorted(t.name for t in threading.enumerate()), 'path': sys.path,"
+    " 'atexit': __import__('atexit')._ncallbacks()}"
 )
 
 
@@ -343,7 +344,7 @@ def _session_started(pid: int, timeout: float = 20.0) -> None:
     """Wait until an attach to `pid` is under way (its status file says so)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for status in Path(tempfile.gettempdir()).glob(f"aiocop-attach-{pid}-*/status.json"):
+        for status in Path(tempfile.gettempdir()).glob(f"aiocop-attach-{pid}-*/out/status.json"):
             with contextlib.suppress(OSError, ValueError):
                 if json.loads(status.read_text())["state"] == "started":
                     return
@@ -387,3 +388,60 @@ def test_two_attaches_at_once(targets: Any) -> None:
     assert first.returncode == 0, stderr
     assert "os.stat" in stderr
     assert inside(target.pid, STATE)["aiocop"] == []
+
+
+# What a target running aiocop itself has set: a session leaves it as it was.
+OWN = (
+    "{'started': sys.modules['aiocop']._state.started,"
+    " 'watchdog': sys.modules['aiocop']._watchdog.watchdog.running,"
+    " 'config': vars(sys.modules['aiocop']._state.config),"
+    " 'sampling': vars(sys.modules['aiocop']._watchdog.sampling),"
+    " 'callbacks': len(sys.modules['aiocop']._callbacks.registered())}"
+)
+
+
+@needs_remote
+@pytest.mark.parametrize("kind", ["imported-aiocop", "watchdog-only", "interception-only"])
+def test_a_target_with_some_of_aiocop_keeps_it(targets: Any, kind: str) -> None:
+    """Imported only, the watchdog alone, interception alone: the session starts the rest and stops only that."""
+    target = targets(kind)
+    before = inside(target.pid, STATE)
+    own = inside(target.pid, OWN) if kind != "imported-aiocop" else None
+    result = aiocop_attach(str(target.pid), "--seconds", "1", "--threshold-ms", "5")
+    assert result.returncode == 0, result.stderr
+    stat_line = line_of(TARGETS, "ATTACH-STAT")
+    assert f"tests/attach_targets.py:{stat_line}:handler" in result.stderr  # interception ran
+    assert as_before(target.pid, before) == before
+    if own is not None:
+        assert inside(target.pid, OWN) == own
+        assert "running aiocop already" in result.stderr
+    if kind == "watchdog-only":  # its own watchdog still reports, to its own callback
+        seen = "len(sys.modules['__main__'].seen)"
+        count = inside(target.pid, seen)
+        deadline = time.monotonic() + 10
+        while inside(target.pid, seen) == count:
+            assert time.monotonic() < deadline, "the target's watchdog stopped reporting"
+            time.sleep(0.2)
+
+
+@needs_remote
+def test_a_target_that_runs_the_script_too_late(targets: Any, tmp_path: Path) -> None:
+    """Its main thread in a 4 s sleep: the attach gives up after 1 s; the script, run later, does nothing."""
+    target = targets("asleep", "4")
+    result = subprocess.run(
+        [sys.executable, "-m", "aiocop", "attach", str(target.pid), "--seconds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "AIOCOP_ATTACH_START_TIMEOUT_S": "1"},
+        check=False,
+    )
+    assert result.returncode == 1
+    assert f"PID {target.pid} did not run aiocop's script within 1 s" in result.stderr
+    assert target.process.stdout is not None
+    assert target.process.stdout.readline().strip() == "awake"  # its loop running
+    time.sleep(1.0)  # the late script has run by now, at the loop's first safe point
+    state = inside(target.pid, STATE)
+    assert state["aiocop"] == []
+    assert "aiocop-attach" not in state["threads"] and "aiocop-watchdog" not in state["threads"]
