@@ -356,15 +356,21 @@ def _session_started(pid: int, timeout: float = 20.0) -> None:
 def test_ctrl_c_on_the_attaching_side_detaches_the_target(targets: Any) -> None:
     target = targets("serve")
     before = inside(target.pid, STATE)
-    attaching = subprocess.Popen(
-        [sys.executable, "-m", "aiocop", "attach", str(target.pid), "--seconds", "60"],
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-        text=True,
+    # As a terminal's Ctrl-C reaches it: a process started in the background (CI's) inherits SIGINT ignored.
+    interactive = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"sys.argv = ['aiocop', 'attach', '{target.pid}', '--seconds', '60']; "
+        "runpy.run_module('aiocop', run_name='__main__', alter_sys=True)"
     )
-    _session_started(target.pid)
-    attaching.send_signal(signal.SIGINT)
-    _, stderr = attaching.communicate(timeout=30)
+    attaching = subprocess.Popen([sys.executable, "-c", interactive], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        _session_started(target.pid)
+        attaching.send_signal(signal.SIGINT)
+        _, stderr = attaching.communicate(timeout=30)
+    finally:
+        if attaching.poll() is None:
+            attaching.kill()
+            attaching.communicate()
     assert attaching.returncode == 130, stderr
     assert "interrupted; the target has detached" in stderr
     assert as_before(target.pid, before) == before
@@ -380,9 +386,14 @@ def test_two_attaches_at_once(targets: Any) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    _session_started(target.pid)
-    second = aiocop_attach(str(target.pid), "--seconds", "1")
-    _, stderr = first.communicate(timeout=60)
+    try:
+        _session_started(target.pid)
+        second = aiocop_attach(str(target.pid), "--seconds", "1")
+        _, stderr = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
     assert second.returncode == 1
     assert second.stderr.strip() == (f"aiocop attach: PID {target.pid}: another attach (by PID {first.pid}) is running")
     assert first.returncode == 0, stderr
