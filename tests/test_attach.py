@@ -191,12 +191,16 @@ def test_a_uvicorn_server_that_never_imported_aiocop(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
         app = ROOT / "tests" / "attach_app.py"
         blocking = f"tests/attach_app.py:{line_of(app, 'ATTACH-APP-BLOCKING')}:app"
-        stalling = f"tests/attach_app.py:{line_of(app, 'ATTACH-APP-STALL')}:app"
+        stall_line = line_of(app, "ATTACH-APP-STALL")
         report = json.loads(report_path.read_text())
         sites = {row["call_site"]: row for row in report["call_sites"]}
         assert sites[blocking]["events"] == {"os.stat": sites[blocking]["count"]}
-        assert sites[stalling]["events"] == {"stall": sites[stalling]["count"]}
-        assert sites[stalling]["worst_ms"] >= 60  # 100 ms, as the watchdog times it
+        # The spinning loop's line, or its body's (where a sample finds the frame varies across versions).
+        rows = [sites.get(f"tests/attach_app.py:{n}:app") for n in (stall_line, stall_line + 1)]
+        stalled = [row for row in rows if row is not None]
+        assert stalled, sorted(sites)
+        assert all(row["events"] == {"stall": row["count"]} for row in stalled)
+        assert max(row["worst_ms"] for row in stalled) >= 60  # 100 ms, as the watchdog times it
         assert f"{blocking}" in result.stderr and "detached" in result.stderr
         assert report["already_running"] is False
         # Left as it was: the same modules, functions and threads, and still serving.

@@ -126,7 +126,8 @@ def test_a_blocking_call_and_a_stall_on_every_loop(
     ]
     (stall,) = metrics.points("aiocop.stalls")
     assert stall.attributes["code.function.name"] == "spin"
-    assert stall.attributes["code.line.number"] == line_of(stalls.spin, "# STALLS")
+    # The spinning loop's line, or its body's: where a sample finds the frame varies across versions (3.15).
+    assert stall.attributes["code.line.number"] - line_of(stalls.spin, "# STALLS") in (0, 1)
     (delay,) = metrics.points("asyncio.eventloop.delay")
     assert delay.max >= STALL_S
     assert tuple(delay.explicit_bounds) == DELAY_BUCKETS
@@ -479,16 +480,15 @@ def test_the_otlp_example_reaches_an_otlp_receiver() -> None:
     }
     assert count == 1
     (stall,) = metrics["aiocop.stalls"]
-    assert {a.key: _otlp_value(a.value) for a in stall.attributes}["code.line.number"] == stall_line
+    assert {a.key: _otlp_value(a.value) for a in stall.attributes}["code.line.number"] - stall_line in (0, 1)
     (delay,) = metrics["asyncio.eventloop.delay"]
     assert delay.max >= 0.08  # the 100 ms stall, as the watchdog timed it (to a few ms)
     assert list(delay.explicit_bounds) == list(DELAY_BUCKETS)
 
     events = receiver.span_events()["GET /report"]
-    assert [(name, attrs["code.line.number"]) for name, attrs in events] == [
-        ("aiocop.blocking_call", blocking_line),
-        ("aiocop.stall", stall_line),
-    ]
+    assert [name for name, _ in events] == ["aiocop.blocking_call", "aiocop.stall"]
+    assert events[0][1]["code.line.number"] == blocking_line
+    assert events[1][1]["code.line.number"] - stall_line in (0, 1)  # the loop's line or its body's
 
 
 def test_what_is_recorded_is_what_the_reference_page_lists(
@@ -592,7 +592,9 @@ def test_the_quickstart_example() -> None:
     spin_line = next(i for i, text in enumerate(source, 1) if "while time.perf_counter() < end" in text)
     lines = result.stdout.splitlines()
     assert f"aiocop.blocking_calls os.stat at examples/opentelemetry/quickstart.py:{stat_line}: 1" in lines
-    assert f"aiocop.stalls at examples/opentelemetry/quickstart.py:{spin_line}: 1" in lines
+    assert any(
+        f"aiocop.stalls at examples/opentelemetry/quickstart.py:{n}: 1" in lines for n in (spin_line, spin_line + 1)
+    )
     (delay,) = [line for line in lines if line.startswith("asyncio.eventloop.delay")]
     assert float(delay.split("max ")[1].split(" s")[0]) >= 0.07  # the 80 ms stall, timed to a few ms
 
