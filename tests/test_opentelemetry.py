@@ -38,7 +38,10 @@ if TYPE_CHECKING:
     from opentelemetry import trace
 
 THRESHOLD_MS = 20
-STALL_S = 0.08  # 4x the threshold
+STALL_S = 0.1  # 5x the threshold
+# What the watchdog times it at, at least: on a loaded machine (both cores busy) it timed an 80 ms stall at
+# 77-79 ms (a descheduled thread's CPU clock lags the wall clock), so the stall is sized past the issue's 0.08 s.
+TIMED_AT_LEAST_S = 0.08
 
 
 class Metrics:
@@ -104,7 +107,7 @@ async def stat_then_stall() -> None:
 def test_a_blocking_call_and_a_stall_on_every_loop(
     instrumented: tuple[Metrics, dict[str, Any]], loop_name: str
 ) -> None:
-    """The issue's "done means": an os.stat at its line, and the 80 ms stall in the delay histogram."""
+    """The issue's "done means": an os.stat at its line, and a 100 ms stall timed at 0.08 s or more."""
     metrics, options = instrumented
     AiocopInstrumentor().instrument(**options)
     run_on(loop_name, stat_then_stall())
@@ -129,10 +132,10 @@ def test_a_blocking_call_and_a_stall_on_every_loop(
     # The spinning loop's line, or its body's: where a sample finds the frame varies across versions (3.15).
     assert stall.attributes["code.line.number"] - line_of(stalls.spin, "# STALLS") in (0, 1)
     (delay,) = metrics.points("asyncio.eventloop.delay")
-    assert delay.max >= STALL_S
+    assert delay.max >= TIMED_AT_LEAST_S
     assert tuple(delay.explicit_bounds) == DELAY_BUCKETS
     # Blocked time: the stall's length at its line, and the call's (however short) at its.
-    assert metrics.total("aiocop.loop.blocked_time", code_function_name="spin") >= STALL_S
+    assert metrics.total("aiocop.loop.blocked_time", code_function_name="spin") >= TIMED_AT_LEAST_S
     assert metrics.total("aiocop.loop.blocked_time", code_function_name="stat_then_stall") > 0
 
 
@@ -288,7 +291,7 @@ def test_span_events_land_on_the_span_current_at_the_call(
     ((name, stall),) = events["request-B"]
     assert name == "aiocop.stall"
     assert stall["code.function.name"] == "spin"
-    assert stall["aiocop.duration"] >= STALL_S
+    assert stall["aiocop.duration"] >= TIMED_AT_LEAST_S
 
 
 def test_span_events_are_rate_limited_per_call_site(
