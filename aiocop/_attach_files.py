@@ -206,16 +206,22 @@ def agent_sources(package: Path, owners: frozenset[int]) -> dict[str, list[objec
 
 
 def _read_trusted(file: Path, owners: frozenset[int], what: str) -> str:
-    fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with open(fd, "rb") as stream:
-        st = os.fstat(stream.fileno())
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as error:
+        raise AttachError(f"{what}: {file} cannot be opened ({error.strerror})") from None
+    try:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise AttachError(f"{what}: {file} is not a regular file")
         if not _trusted_owner(st, owners):
             raise AttachError(f"{what}: {file} belongs to {_who(st.st_uid)}, who could change it")
         if _others_can_write(st):
             raise AttachError(f"{what}: {file} can be written by users other than its owner")
-        return stream.read().decode("utf-8")
+        with open(fd, "rb", closefd=False) as stream:
+            return stream.read().decode("utf-8")
+    finally:
+        os.close(fd)
 
 
 class Exchange:
@@ -274,8 +280,8 @@ class Exchange:
             raise AttachError(
                 f"{name} in {self.path} cannot be opened ({error.strerror}): not a file the target wrote"
             ) from None
-        with open(fd, "rb") as stream:
-            st = os.fstat(stream.fileno())
+        try:
+            st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise AttachError(f"{name} in {self.path} is not a regular file: refused")
             if st.st_uid != self.pin.uid:
@@ -286,7 +292,10 @@ class Exchange:
                 raise AttachError(
                     f"{name} in {self.path} has {st.st_nlink} links (a hard link to another file): refused"
                 )
-            return stream.read(limit + 1)
+            with open(fd, "rb", closefd=False) as stream:
+                return stream.read(limit + 1)
+        finally:
+            os.close(fd)
 
     def remove(self, keep: tuple[str, ...] = ()) -> None:
         """Remove the folder (or, with `keep`, everything in it but those names), by descriptor throughout."""
