@@ -310,20 +310,17 @@ class _Session:
             self._cancel()
             raise
         except KeyboardInterrupt:
+            if self.exchange.has("ran"):  # under way: as if interrupted during the window
+                self._interrupted()
+                raise
             self._cancel()
             raise KeyboardInterrupt(
                 "the target had not run aiocop's script: if it runs it later, the script does nothing"
-                if self.late
-                else "the target detaches"
             ) from None
         try:
             status = self._wait_done(time.monotonic(), seconds)
         except KeyboardInterrupt:
-            _progress("")
-            print("aiocop: interrupted: asking the target to detach...", file=sys.stderr)
-            self.exchange.leave("stop")  # the target ends its window now, and detaches
-            with contextlib.suppress(AttachError, KeyboardInterrupt):
-                self._wait_done(time.monotonic(), 0.0)  # its undoing, within the grace period
+            self._interrupted()
             raise
         finally:
             _progress("")
@@ -338,6 +335,13 @@ class _Session:
             )
         except BadReportError as error:
             raise AttachError(f"PID {self.pid} sent back a report aiocop cannot use: {error}") from None
+
+    def _interrupted(self) -> None:
+        _progress("")
+        print("aiocop: interrupted: asking the target to detach...", file=sys.stderr)
+        self.exchange.leave("stop")  # the target ends its window now, and detaches
+        with contextlib.suppress(AttachError, KeyboardInterrupt):
+            self._wait_done(time.monotonic(), 0.0)  # its undoing, within the grace period
 
     def _status(self) -> dict[str, Any] | None:
         data = self.exchange.read("status.json", _attach_report.MAX_STATUS_BYTES)

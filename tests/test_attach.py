@@ -792,3 +792,35 @@ def test_a_bad_start_timeout_is_a_usage_error(value: str) -> None:
         f"aiocop attach: AIOCOP_ATTACH_START_TIMEOUT_S={value!r}: expected a number of seconds above 0 and at most "
         "86400 (the default is 10)"
     )
+
+
+@needs_remote
+def test_a_json_file_that_cannot_be_written_is_an_error(targets: Any) -> None:
+    """Issue 23, 4: `--json /dev/full` is not reported as success."""
+    target = targets("serve")
+    result = aiocop_attach(str(target.pid), "--seconds", "1", "--json", "/dev/full")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().endswith("aiocop attach: --json: cannot write '/dev/full': No space left on device")
+    assert leftovers(target.pid) == []
+
+
+@needs_remote
+def test_an_attaching_side_killed_outright_leaves_nothing(targets: Any) -> None:
+    """Issue 23, 7: after SIGKILL the target detaches at the end of its window, and removes the folder itself."""
+    target = targets("serve")
+    before = inside(target.pid, STATE)
+    attaching = subprocess.Popen(
+        [sys.executable, "-m", "aiocop", "attach", str(target.pid), "--seconds", "2"],
+        cwd=ROOT,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _session_started(target.pid)
+    finally:
+        attaching.kill()
+        attaching.wait()  # reaped: its PID no longer names a process
+    deadline = time.monotonic() + 20
+    while leftovers(target.pid):
+        assert time.monotonic() < deadline, leftovers(target.pid)
+        time.sleep(0.1)
+    assert as_before(target.pid, before) == before
