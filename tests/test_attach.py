@@ -824,3 +824,41 @@ def test_an_attaching_side_killed_outright_leaves_nothing(targets: Any) -> None:
         assert time.monotonic() < deadline, leftovers(target.pid)
         time.sleep(0.1)
     assert as_before(target.pid, before) == before
+
+
+@needs_remote
+def test_ctrl_c_before_the_target_ran_the_script(targets: Any) -> None:
+    """Issue 23, 7: interrupted while the target is in a long C call: the script and its mark stay, until it runs."""
+    target = targets("asleep", "4")
+    interactive = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"sys.argv = ['aiocop', 'attach', '{target.pid}', '--seconds', '1']; "
+        "runpy.run_module('aiocop', run_name='__main__', alter_sys=True)"
+    )
+    attaching = subprocess.Popen([sys.executable, "-c", interactive], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not any(Path(p, "bootstrap.py").exists() for p in leftovers(target.pid)):
+            assert time.monotonic() < deadline, "the attach did not send its script"
+            time.sleep(0.02)
+        time.sleep(0.3)  # sys.remote_exec has returned: the attaching side waits for the script to run
+        attaching.send_signal(signal.SIGINT)
+        _, stderr = attaching.communicate(timeout=30)
+    finally:
+        if attaching.poll() is None:
+            attaching.kill()
+            attaching.communicate()
+    assert attaching.returncode == 130, stderr
+    assert stderr.strip() == (
+        "aiocop attach: interrupted; the target had not run aiocop's script: if it runs it later, the script does "
+        "nothing"
+    )
+    assert [sorted(os.listdir(p)) for p in leftovers(target.pid)] == [["bootstrap.py", "cancelled"]]
+    assert target.process.stdout is not None
+    assert target.process.stdout.readline().strip() == "awake"
+    deadline = time.monotonic() + 10
+    while leftovers(target.pid):  # the script ran at the loop's first safe point, and removed its folder
+        assert time.monotonic() < deadline, leftovers(target.pid)
+        time.sleep(0.05)
+    state = inside(target.pid, STATE)
+    assert state["aiocop"] == [] and "aiocop-attach" not in state["threads"]
