@@ -121,7 +121,9 @@ def _aiocop_session(settings, busy):
         import aiocop._attach_agent as agent
     except BaseException as error:
         aiocop = sys.modules.get("aiocop")
-        where = f"aiocop {{getattr(aiocop, '__version__', '?')}}" + ("" if injected else f" ({{aiocop.__file__}})")
+        where = f"aiocop {{getattr(aiocop, '__version__', '?')}}"
+        if not injected:
+            where += f" ({{getattr(aiocop, '__file__', '?')}})"
         for name in [n for n in sys.modules if (n == "aiocop" or n.startswith("aiocop.")) and n not in modules_before]:
             for module_name, handler in (("aiocop._api", "_at_exit"), ("aiocop._delivery", "drain")):
                 if name == module_name and hasattr(sys.modules[name], handler):
@@ -131,8 +133,11 @@ def _aiocop_session(settings, busy):
             sys.meta_path.remove(finder)
         say({{"state": "error", "error": f"could not load {{where}}: {{type(error).__name__}}: {{error}}"}})
         return
-    agent.run({{**settings, "injected": injected, "modules_before": modules_before, "package_before": package_before,
-               "finder": finder}})
+    try:  # the agent says its own errors; whatever escapes it (an older aiocop of the target's) is said too
+        agent.run({{**settings, "injected": injected, "modules_before": modules_before,
+                   "package_before": package_before, "finder": finder}})
+    except BaseException as error:
+        say({{"state": "error", "error": f"the attach agent failed: {{type(error).__name__}}: {{error}}"}})
 
 
 _aiocop_attach(__import__("json").loads({settings!r}))

@@ -50,10 +50,12 @@ def hostile(mode: str) -> None:
     package = types.ModuleType("aiocop")
     package.__path__ = []
     agent = types.ModuleType("aiocop._attach_agent")
-    agent.run = lambda settings: answer(settings, mode)  # type: ignore[attr-defined]
-    package._attach_agent = agent  # type: ignore[attr-defined]
+    if mode != "old-agent":  # an aiocop whose agent does not speak this protocol
+        agent.run = lambda settings: answer(settings, mode)  # type: ignore[attr-defined]
     sys.modules["aiocop"] = package
-    sys.modules["aiocop._attach_agent"] = agent
+    if mode != "unrelated-aiocop":  # another package named aiocop, without an agent
+        package._attach_agent = agent  # type: ignore[attr-defined]
+        sys.modules["aiocop._attach_agent"] = agent
 
 
 def answer(settings: dict[str, Any], mode: str) -> None:

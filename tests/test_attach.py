@@ -502,6 +502,11 @@ def run_inside(pid: int, statements: str) -> None:
         ("another-owner", "report.json in {folder} belongs to uid 65534 (nobody), not to the target's user: refused"),
         ("status-not-an-object", "status.json: expected a JSON object, got an array"),
         ("status-escapes", "it failed\\x1b]0;owned\\x07\\x1b[2J\\x1b[31m\\u202e"),
+        (
+            "unrelated-aiocop",
+            "could not load aiocop ? (?): ModuleNotFoundError: No module named 'aiocop._attach_agent'",
+        ),
+        ("old-agent", "the attach agent failed: AttributeError: module 'aiocop._attach_agent' has no attribute 'run'"),
     ],
 )
 def test_a_hostile_target_s_answer_is_refused(targets: Any, mode: str, said: str) -> None:
