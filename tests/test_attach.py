@@ -867,3 +867,37 @@ def test_ctrl_c_before_the_target_ran_the_script(targets: Any) -> None:
         time.sleep(0.05)
     state = inside(target.pid, STATE)
     assert state["aiocop"] == [] and "aiocop-attach" not in state["threads"]
+
+
+@needs_remote
+def test_another_user_s_target_removes_its_folder_when_it_runs_the_script_late() -> None:
+    """Issue 23, 7: root gave up waiting; the folder was handed to the target's user, whose late script removes it."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run a target as another user (CI runs as root)")
+    target = Target(
+        [
+            *("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"),
+            *(sys.executable, str(TARGETS), "asleep", "4"),
+        ]
+    )
+    try:
+        target.wait_ready()
+        result = subprocess.run(
+            [sys.executable, "-m", "aiocop", "attach", str(target.pid), "--seconds", "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env={**os.environ, "AIOCOP_ATTACH_START_TIMEOUT_S": "1"},
+            check=False,
+        )
+        assert result.returncode == 1, result.stderr
+        assert [os.stat(p).st_uid for p in leftovers(target.pid)] == [65534]
+        assert target.process.stdout is not None
+        assert target.process.stdout.readline().strip() == "awake"
+        deadline = time.monotonic() + 10
+        while leftovers(target.pid):
+            assert time.monotonic() < deadline, leftovers(target.pid)
+            time.sleep(0.05)
+    finally:
+        target.stop()
