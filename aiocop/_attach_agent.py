@@ -153,6 +153,9 @@ def _install(
     """Start what is not running yet, its undoing noted *before* each start (a start can fail halfway)."""
     started_interception = not _state.started
     started_watchdog = not _watchdog.watchdog.running
+    # First in, last out: the report's callback hears every event, the pending ones delivered at the end too.
+    undo.append(("the report's callback", lambda: _callbacks.unregister_slow_task_callback(summary)))
+    _callbacks.register_slow_task_callback(summary)
     if started_interception:
         undo.append(("interception", _api.stop_interception))
         _api.start_blocking_io_detection()
@@ -161,8 +164,6 @@ def _install(
         # A target running interception alone keeps its own threshold.
         threshold = settings["threshold_ms"] if started_interception else None
         _api.detect_slow_tasks(threshold_ms=threshold or _state.config.threshold_ms)
-    undo.append(("the report's callback", lambda: _callbacks.unregister_slow_task_callback(summary)))
-    _callbacks.register_slow_task_callback(summary)
     return _state.config.threshold_ms, not (started_interception and started_watchdog)
 
 
@@ -176,9 +177,13 @@ def _stop_watchdog() -> None:
 
 
 def _undo(undo: list[tuple[str, Callable[[], None]]], saved: tuple[dict[str, Any], dict[str, Any], bool]) -> list[str]:
-    """Undo the steps, last first, each whatever the others do; the steps that failed, said."""
+    """Undo the steps, last first, each whatever the others do; the steps that failed, said.
+
+    What was started stops first (the watchdog, then interception), then the
+    events still pending are delivered, then the report's callback goes.
+    """
     failed: list[str] = []
-    steps = [*undo[:-1], ("pending events", _delivery.drain), *undo[-1:]] if undo else []
+    steps = [*undo[:1], ("pending events", _delivery.drain), *undo[1:]]
     for name, step in reversed(steps):
         try:
             step()
