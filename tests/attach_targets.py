@@ -102,7 +102,7 @@ def answer(settings: dict[str, Any], mode: str) -> None:
         return
     put("status.json", signed({"state": "started", "already_running": False, "threshold_ms": 30.0}))
     text = signed(report)
-    elsewhere = os.path.join(tempfile.mkdtemp(prefix="aiocop-test-hostile-"), "report.json")
+    elsewhere = os.path.join(tempfile.mkdtemp(prefix=f"aiocop-test-hostile-{os.getpid()}-"), "report.json")
     with open(elsewhere, "w") as out:
         out.write(text)
     if mode == "escapes":

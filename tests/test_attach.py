@@ -514,7 +514,11 @@ def test_a_hostile_target_s_answer_is_refused(targets: Any, mode: str, said: str
     if mode == "another-owner" and os.geteuid() != 0:
         pytest.skip("the target needs root to give its file away (CI runs as root)")
     target = targets("hostile", mode)
-    result = aiocop_attach(str(target.pid), "--seconds", "1")
+    try:
+        result = aiocop_attach(str(target.pid), "--seconds", "1")
+    finally:  # the file the target linked to, elsewhere
+        for elsewhere in Path(tempfile.gettempdir()).glob(f"aiocop-test-hostile-{target.pid}-*"):
+            shutil.rmtree(elsewhere)
     assert result.returncode == 1, result.stderr
     assert "\x1b" not in result.stderr and "\u202e" not in result.stderr
     assert "Traceback" not in result.stderr
@@ -530,7 +534,11 @@ def test_terminal_escapes_in_a_report_are_printed_escaped(targets: Any, tmp_path
     """Issue 23, 6: a report whose strings carry terminal escapes is printed, and written, with them escaped."""
     target = targets("hostile", "escapes")
     report_path = tmp_path / "report.json"
-    result = aiocop_attach(str(target.pid), "--seconds", "1", "--json", str(report_path))
+    try:
+        result = aiocop_attach(str(target.pid), "--seconds", "1", "--json", str(report_path))
+    finally:
+        for elsewhere in Path(tempfile.gettempdir()).glob(f"aiocop-test-hostile-{target.pid}-*"):
+            shutil.rmtree(elsewhere)
     assert result.returncode == 0, result.stderr
     assert "\x1b" not in result.stderr and "\u202e" not in result.stderr
     escaped = "\\x1b]0;owned\\x07\\x1b[2J\\x1b[31m\\u202e"
