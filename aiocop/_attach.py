@@ -10,7 +10,6 @@ the window, whatever happens here.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -266,8 +265,7 @@ def attach(pid: int, seconds: float, threshold_ms: float | None) -> dict[str, An
         # Who may have written what the target is made to run: root, and the target's own user.
         owners = frozenset({0, pin.uid})
         sources = agent_sources(Path(aiocop.__file__).resolve().parent, owners)
-        exchange = Exchange(temporary_folder(owners | {os.geteuid()}), pin)
-        session = _Session(pin, exchange, secrets.token_hex(16), start_timeout)
+        session = _Session(pin, Exchange(temporary_folder(owners | {os.geteuid()}), pin), start_timeout)
         try:
             return session.run(sources, seconds, threshold_ms)
         finally:
@@ -279,11 +277,11 @@ def attach(pid: int, seconds: float, threshold_ms: float | None) -> dict[str, An
 class _Session:
     """One attach, from the folder's files written to the folder removed."""
 
-    def __init__(self, pin: Pin, exchange: Exchange, nonce: str, start_timeout: float) -> None:
+    def __init__(self, pin: Pin, exchange: Exchange, start_timeout: float) -> None:
         self.pin = pin
         self.pid = pin.pid
         self.exchange = exchange
-        self.nonce = nonce
+        self.nonce = secrets.token_hex(16)  # given to this target only: what it writes back must carry it
         self.start_timeout = start_timeout
         self.late = False  # the target may still run the script: leave it, and `cancelled`, for it
 
@@ -308,7 +306,7 @@ class _Session:
             raise _explain(self.pid, error) from None  # not sent: nothing to cancel
         except KeyboardInterrupt:
             self._cancel()  # sent or not: if it was, the script must find `cancelled`
-            raise
+            raise KeyboardInterrupt("if the target runs aiocop's script later, the script does nothing") from None
         try:
             self._wait_started()
         except AttachError:
@@ -316,8 +314,7 @@ class _Session:
             raise
         except KeyboardInterrupt:
             if self.exchange.has("ran"):  # under way: as if interrupted during the window
-                self._interrupted()
-                raise
+                raise KeyboardInterrupt(self._interrupted()) from None
             self._cancel()
             raise KeyboardInterrupt(
                 "the target had not run aiocop's script: if it runs it later, the script does nothing"
@@ -325,8 +322,7 @@ class _Session:
         try:
             status = self._wait_done(time.monotonic(), seconds)
         except KeyboardInterrupt:
-            self._interrupted()
-            raise
+            raise KeyboardInterrupt(self._interrupted()) from None
         finally:
             _progress("")
         if status["state"] == "error":
@@ -341,12 +337,16 @@ class _Session:
         except BadReportError as error:
             raise AttachError(f"PID {self.pid} sent back a report aiocop cannot use: {error}") from None
 
-    def _interrupted(self) -> None:
+    def _interrupted(self) -> str:
+        """Ask the target to end its window now; what became of it, said."""
         _progress("")
         print("aiocop: interrupted: asking the target to detach...", file=sys.stderr)
         self.exchange.leave("stop")  # the target ends its window now, and detaches
-        with contextlib.suppress(AttachError, KeyboardInterrupt):
+        try:
             self._wait_done(time.monotonic(), 0.0)  # its undoing, within the grace period
+        except (AttachError, KeyboardInterrupt):
+            return "the target did not confirm it had detached; it detaches on its own at the end of its window"
+        return "the target has detached"
 
     def _status(self) -> dict[str, Any] | None:
         data = self.exchange.read("status.json", _attach_report.MAX_STATUS_BYTES)
@@ -420,7 +420,7 @@ def main(
         print(f"aiocop attach: {printable(str(error))}", file=sys.stderr)
         return EXIT_USAGE if isinstance(error, UsageError) else EXIT_ERROR
     except KeyboardInterrupt as interrupt:
-        said = interrupt.args[0] if interrupt.args else "the target has detached"
+        said = interrupt.args[0] if interrupt.args else "nothing was sent to the target"
         print(f"aiocop attach: interrupted; {said}", file=sys.stderr)
         return EXIT_INTERRUPTED
     summary = Summary.from_dict(report)
