@@ -10,18 +10,19 @@ the window, whatever happens here.
 
 from __future__ import annotations
 
-import contextlib
 import json
+import math
 import os
-import shutil
-import stat
+import secrets
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import aiocop
+from aiocop import _attach_report
+from aiocop._attach_files import AttachError, Exchange, Pin, agent_sources, temporary_folder
+from aiocop._attach_report import BadReportError, printable
 from aiocop._report import Summary
 from aiocop._severity import level_rank
 
@@ -33,69 +34,149 @@ EXIT_INTERRUPTED = 130
 # How long the target may take to run the bootstrap: it runs at the main
 # thread's next safe point, which an idle server reaches at its next request
 # or timer. Past this the attach gives up (and a late run does nothing).
-START_TIMEOUT_S = float(os.environ.get("AIOCOP_ATTACH_START_TIMEOUT_S", "10"))
+START_TIMEOUT_VARIABLE = "AIOCOP_ATTACH_START_TIMEOUT_S"
+DEFAULT_START_TIMEOUT_S = 10.0
+MAX_START_TIMEOUT_S = 86_400.0
 # After the window: the report (the pending events delivered, the summary written).
 REPORT_GRACE_S = 10.0
 
+# Run by the target on its main thread: a few lines, then a thread of its own.
 BOOTSTRAP = """\
-# Written by `python -m aiocop attach` (PID {by}) for this process; it removes its folder when done.
+# Written by `python -m aiocop attach` (PID {by}) for PID {pid}; it removes its folder when done.
 def _aiocop_attach(settings):
-    import importlib.machinery, importlib.util, json, os, shutil, sys
-    if os.path.exists(os.path.join(settings["folder"], "cancelled")):
-        shutil.rmtree(settings["out"], ignore_errors=True)  # the attaching side gave up waiting: do nothing
-        return
+    import os, threading
     try:
-        modules_before = [n for n in sys.modules if n == "aiocop" or n.startswith("aiocop.")]
-        injected = "aiocop" not in sys.modules
+        with open("/proc/self/stat", "rb") as stream:
+            start = int(stream.read().rpartition(b")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        start = None
+    if os.getpid() != settings["pid"] or start != settings["start"]:
+        return  # not the process this was written for (its PID was given to another since): nothing here
+    folder = settings["folder"]
+    if os.path.exists(os.path.join(folder, "cancelled")):
+        __import__("shutil").rmtree(folder, ignore_errors=True)  # the attaching side gave up: do nothing
+        return
+    try:  # once: a script run twice does nothing the second time
+        os.close(os.open(os.path.join(folder, "ran"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except OSError:
+        return
+    busy = [getattr(t, "_aiocop_by", "?") for t in threading.enumerate() if t.name == "aiocop-attach"]
+    name = "aiocop-attach-refused" if busy else "aiocop-attach"
+    thread = threading.Thread(target=_aiocop_session, args=(settings, busy), name=name, daemon=True)
+    thread._aiocop_by = settings["by"]
+    thread.start()
+
+
+def _aiocop_session(settings, busy):
+    import atexit, importlib.util, json, os, sys
+
+    def say(status):  # best effort: the attaching side reports a silence too
+        path = os.path.join(settings["folder"], "status.json")
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+            with open(os.open(path + ".partial", flags, 0o600), "w") as out:
+                json.dump({{**status, "nonce": settings["nonce"]}}, out)
+            os.replace(path + ".partial", path)
+        except OSError:
+            pass
+
+    if busy:
+        say({{"state": "error", "error": f"another attach (by PID {{busy[0]}}) is running"}})
+        return
+
+    class Finder:  # serves the aiocop the attaching side sent, from memory: nothing is imported from a path
+        def __init__(self, sources):
+            self.sources = sources
+
+        def find_spec(self, name, path=None, target=None):
+            if name not in self.sources:
+                return None
+            file, _, package = self.sources[name]
+            spec = importlib.util.spec_from_loader(name, self, origin=file, is_package=package)
+            spec.has_location = True
+            return spec
+
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            file, source, _ = self.sources[module.__spec__.name]
+            module.__file__ = file
+            exec(compile(source, file, "exec", dont_inherit=True), module.__dict__)
+
+        def get_source(self, name):
+            return self.sources[name][1]
+
+    modules_before = [n for n in sys.modules if n == "aiocop" or n.startswith("aiocop.")]
+    injected = "aiocop" not in sys.modules
+    package_before = [] if injected else list(vars(sys.modules["aiocop"]))
+    finder = None
+    try:
         if injected:
-            # The attaching interpreter's copy, found through its own folder
-            # only: sys.path is not touched, so nothing else of that folder
-            # can be imported by the application meanwhile.
-            spec = importlib.machinery.PathFinder.find_spec("aiocop", [settings["path"]])
-            module = importlib.util.module_from_spec(spec)
-            sys.modules["aiocop"] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules["aiocop"]
-                raise
+            fd = os.open(os.path.join(settings["folder"], "agent.json"), os.O_RDONLY | os.O_NOFOLLOW)
+            with open(fd, "rb") as stream:
+                finder = Finder(json.loads(stream.read()))
+            sys.meta_path.insert(0, finder)
         import aiocop._attach_agent as agent
     except BaseException as error:
         aiocop = sys.modules.get("aiocop")
-        where = f"aiocop {{getattr(aiocop, '__version__', '?')}} ({{getattr(aiocop, '__file__', '?')}})"
-        status = {{"state": "error", "error": f"could not load {{where}}: {{type(error).__name__}}: {{error}}"}}
-        with open(os.path.join(settings["out"], "status.json"), "w") as out:
-            json.dump(status, out)
+        where = f"aiocop {{getattr(aiocop, '__version__', '?')}}"
+        if not injected:
+            where += f" ({{getattr(aiocop, '__file__', '?')}})"
+        for name in [n for n in sys.modules if (n == "aiocop" or n.startswith("aiocop.")) and n not in modules_before]:
+            for module_name, handler in (("aiocop._api", "_at_exit"), ("aiocop._delivery", "drain")):
+                if name == module_name and hasattr(sys.modules[name], handler):
+                    atexit.unregister(getattr(sys.modules[name], handler))
+            del sys.modules[name]
+        if finder is not None:
+            sys.meta_path.remove(finder)
+        say({{"state": "error", "error": f"could not load {{where}}: {{type(error).__name__}}: {{error}}"}})
         return
-    agent.start({{**settings, "injected": injected, "modules_before": modules_before}})
+    try:  # the agent says its own errors; whatever escapes it (an older aiocop of the target's) is said too
+        agent.run({{**settings, "injected": injected, "modules_before": modules_before,
+                   "package_before": package_before, "finder": finder}})
+    except BaseException as error:
+        say({{"state": "error", "error": f"the attach agent failed: {{type(error).__name__}}: {{error}}"}})
 
 
-# The imports take tens of milliseconds: on a thread of their own, not on this
-# one, which is often the target's event loop's.
-__import__("threading").Thread(
-    target=_aiocop_attach, args=(__import__("json").loads({settings!r}),), daemon=True
-).start()
-del _aiocop_attach
+_aiocop_attach(__import__("json").loads({settings!r}))
+del _aiocop_attach, _aiocop_session
 """
 
 
-class AttachError(Exception):
-    """A reason the attach cannot go on, said in one line."""
+class UsageError(AttachError):
+    """The command cannot run as given (exit status 2)."""
+
+
+def start_timeout_s() -> float:
+    """`AIOCOP_ATTACH_START_TIMEOUT_S`, read when the command runs and checked: a positive, finite number of seconds."""
+    text = os.environ.get(START_TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_START_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= MAX_START_TIMEOUT_S):
+        raise UsageError(
+            f"{START_TIMEOUT_VARIABLE}={printable(text[:40])!r}: expected a number of seconds above 0 and at most "
+            f"{MAX_START_TIMEOUT_S:g} (the default is {DEFAULT_START_TIMEOUT_S:g})"
+        )
+    return value
 
 
 def check_interpreter() -> None:
     if sys.version_info < (3, 14) or not hasattr(sys, "remote_exec"):
         version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-        raise AttachError(
+        raise UsageError(
             f"attach needs CPython 3.14 or later (sys.remote_exec, PEP 768); this is {version}. Run the program "
             "under aiocop instead: python -m aiocop run your_app.py (or -m your.module)"
         )
 
 
-def check_target(pid: int) -> None:
-    """Errors found before asking the target anything: no such process, another user's, remote debugging off."""
-    if pid == os.getpid():
-        raise AttachError("cannot attach to itself")
+def check_target(pin: Pin) -> None:
+    """Errors found before asking the target anything: another user's, remote debugging off."""
+    pid = pin.pid
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -110,6 +191,7 @@ def check_target(pid: int) -> None:
         environ = (proc / "environ").read_bytes().split(b"\0")
     except OSError:
         return  # not Linux, or not readable: sys.remote_exec will say
+    pin.check()  # what was read was the pinned process's
     options = _interpreter_options(argv)
     if b"disable_remote_debug" in options:
         raise AttachError(f"remote debugging is disabled in PID {pid} (started with -X disable_remote_debug)")
@@ -166,156 +248,165 @@ def _explain(pid: int, error: BaseException) -> AttachError:
     return AttachError(f"could not attach to PID {pid}: {type(error).__name__}: {text}")
 
 
-def _owner(pid: int) -> int:
-    return os.stat(f"/proc/{pid}").st_uid if os.path.isdir(f"/proc/{pid}") else os.getuid()
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    """A JSON file the target wrote: a regular file only (the target could make it a link or a FIFO)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        with os.fdopen(fd, encoding="utf-8") as stream:
-            fd = -1
-            document: dict[str, Any] = json.loads(stream.read(_MAX_REPORT_BYTES))
-    except (OSError, ValueError):
-        return None
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    return document
-
-
-_MAX_REPORT_BYTES = 64 << 20
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a process that has exited but not been reaped by its parent yet is no target
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
-
-
 def _progress(text: str) -> None:
     if sys.stderr.isatty():
         print(f"\r{text}\033[K", end="", file=sys.stderr, flush=True)
 
 
 def attach(pid: int, seconds: float, threshold_ms: float | None) -> dict[str, Any]:
-    """Watch PID for `seconds`; its report. Raises AttachError; KeyboardInterrupt ends the window early."""
+    """Watch PID for `seconds`; its checked report. Raises AttachError; KeyboardInterrupt ends the window early."""
     check_interpreter()
-    check_target(pid)
-    # This user's folder (0700, or 0711 for another user's target: it may pass through, not list or write):
-    # the bootstrap, and the `stop` and `cancelled` files this side leaves. The target writes in `out`
-    # only, its own when root attaches to another user's process: it can plant nothing this side opens.
-    folder = Path(tempfile.mkdtemp(prefix=f"aiocop-attach-{pid}-"))
-    out = folder / "out"
-    out.mkdir(mode=0o700)
-    owner = _owner(pid)
-    other_user = owner != os.getuid() and os.geteuid() == 0
-    cancelled = False
+    start_timeout = start_timeout_s()
+    if pid == os.getpid():
+        raise AttachError("cannot attach to itself")
+    pin = Pin.take(pid)
     try:
+        check_target(pin)
+        # Who may have written what the target is made to run: root, and the target's own user.
+        owners = frozenset({0, pin.uid})
+        sources = agent_sources(Path(aiocop.__file__).resolve().parent, owners)
+        session = _Session(pin, Exchange(temporary_folder(owners | {os.geteuid()}), pin), start_timeout)
+        try:
+            return session.run(sources, seconds, threshold_ms)
+        finally:
+            session.close()
+    finally:
+        pin.close()
+
+
+class _Session:
+    """One attach, from the folder's files written to the folder removed."""
+
+    def __init__(self, pin: Pin, exchange: Exchange, start_timeout: float) -> None:
+        self.pin = pin
+        self.pid = pin.pid
+        self.exchange = exchange
+        self.nonce = secrets.token_hex(16)  # given to this target only: what it writes back must carry it
+        self.start_timeout = start_timeout
+        self.late = False  # the target may still run the script: leave it, and `cancelled`, for it
+
+    def run(self, sources: dict[str, list[object]], seconds: float, threshold_ms: float | None) -> dict[str, Any]:
         settings = {
-            "folder": str(folder),
-            "out": str(out),
-            "path": str(Path(aiocop.__file__).resolve().parent.parent),
+            "folder": str(self.exchange.path),
+            "pid": self.pid,
+            "start": self.pin.start,
+            "nonce": self.nonce,
             "seconds": seconds,
             "threshold_ms": threshold_ms,
             "by": os.getpid(),
         }
-        script = folder / "bootstrap.py"
-        with open(os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as stream:
-            stream.write(BOOTSTRAP.format(by=os.getpid(), settings=json.dumps(settings)))
-        if other_user:
-            os.chmod(folder, 0o711)
-            os.chown(script, owner, -1)
-            os.chown(out, owner, -1)
+        self.exchange.write("agent.json", json.dumps(sources).encode())
+        bootstrap = BOOTSTRAP.format(by=os.getpid(), pid=self.pid, settings=json.dumps(settings))
+        self.exchange.write("bootstrap.py", bootstrap.encode())
+        self.exchange.hand_over()
+        self.pin.check()  # the last moment before the PID is used: still the process pinned
         try:
-            sys.remote_exec(pid, str(script))  # type: ignore[attr-defined]
+            sys.remote_exec(self.pid, str(self.exchange.path / "bootstrap.py"))  # type: ignore[attr-defined]
         except (RuntimeError, OSError) as error:
-            raise _explain(pid, error) from None
+            raise _explain(self.pid, error) from None  # not sent: nothing to cancel
+        except KeyboardInterrupt:
+            self._cancel()  # sent or not: if it was, the script must find `cancelled`
+            raise KeyboardInterrupt("if the target runs aiocop's script later, the script does nothing") from None
         try:
-            return _wait(pid, folder, out, seconds)
-        except BaseException:
-            cancelled = (folder / "cancelled").exists()
+            self._wait_started()
+        except AttachError:
+            self._cancel()
             raise
-    finally:
-        if not cancelled:  # else a late bootstrap must still find it, and do nothing
-            shutil.rmtree(folder, ignore_errors=True)
+        except KeyboardInterrupt:
+            if self.exchange.has("ran"):  # under way: as if interrupted during the window
+                raise KeyboardInterrupt(self._interrupted()) from None
+            self._cancel()
+            raise KeyboardInterrupt(
+                "the target had not run aiocop's script: if it runs it later, the script does nothing"
+            ) from None
+        try:
+            status = self._wait_done(time.monotonic(), seconds)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(self._interrupted()) from None
+        finally:
+            _progress("")
+        if status["state"] == "error":
+            raise AttachError(f"PID {self.pid}: {status['error']}")
+        data = self.exchange.read("report.json", _attach_report.MAX_REPORT_BYTES)
+        if data is None:
+            raise AttachError(f"PID {self.pid} said it was done but left no report")
+        try:
+            return _attach_report.report(
+                _attach_report.parse(data, "report.json", _attach_report.MAX_REPORT_BYTES), self.nonce, self.pid
+            )
+        except BadReportError as error:
+            raise AttachError(f"PID {self.pid} sent back a report aiocop cannot use: {error}") from None
 
-
-def _wait(pid: int, folder: Path, out: Path, seconds: float) -> dict[str, Any]:
-    status_file = out / "status.json"
-    try:
-        _wait_started(pid, folder, status_file)
-        status = _wait_done(pid, status_file, time.monotonic(), seconds)
-    except KeyboardInterrupt:
+    def _interrupted(self) -> str:
+        """Ask the target to end its window now; what became of it, said."""
         _progress("")
         print("aiocop: interrupted: asking the target to detach...", file=sys.stderr)
-        _leave(folder, "stop")  # the target ends its window now, and detaches
-        if _read(status_file) is None:
-            _leave(folder, "cancelled")  # not started: if it starts, it stops at once and cleans up
+        self.exchange.leave("stop")  # the target ends its window now, and detaches
+        try:
+            self._wait_done(time.monotonic(), 0.0)  # its undoing, within the grace period
+        except (AttachError, KeyboardInterrupt):
+            return "the target did not confirm it had detached; it detaches on its own at the end of its window"
+        return "the target has detached"
+
+    def _status(self) -> dict[str, Any] | None:
+        data = self.exchange.read("status.json", _attach_report.MAX_STATUS_BYTES)
+        if data is None:
+            return None
+        try:
+            document = _attach_report.parse(data, "status.json", _attach_report.MAX_STATUS_BYTES)
+            return _attach_report.status(document, self.nonce)
+        except BadReportError as error:
+            raise AttachError(f"PID {self.pid} sent back a status aiocop cannot use: {error}") from None
+
+    def _cancel(self) -> None:
+        """Before the script ran (timeout, Ctrl-C): it must do nothing if it runs later, and clean up then."""
+        self.exchange.leave("stop")
+        self.exchange.leave("cancelled")
+        # Ran already: it sees `cancelled` and the folder going, and detaches. Not yet: only
+        # the script and `cancelled` are left, for it to find and remove if it runs.
+        self.late = not self.exchange.has("ran") and not self.pin.exited()
+
+    def close(self) -> None:
+        if self.late:
+            self.exchange.remove(keep=("bootstrap.py", "cancelled"))
+            self.exchange.close()
         else:
-            with contextlib.suppress(AttachError):
-                _wait_done(pid, status_file, time.monotonic(), 0.0)  # its report, within the grace period
-        raise
-    finally:
-        _progress("")
-    report = _read(out / "report.json")
-    if status["state"] == "error" or report is None:
-        raise AttachError(f"PID {pid}: {status.get('error', 'it said it was done but left no report')}")
-    return report
+            self.exchange.remove()
 
+    def _wait_started(self) -> None:
+        asked = time.monotonic()
+        while (status := self._status()) is None:
+            if self.pin.exited():
+                raise AttachError(f"PID {self.pid} exited before it ran aiocop's script")
+            if time.monotonic() - asked > self.start_timeout:
+                ran = self.exchange.has("ran")
+                raise AttachError(
+                    f"PID {self.pid} ran aiocop's script but said nothing within {self.start_timeout:g} s "
+                    "(it could not write in the exchange folder: a full disk?); it detaches on its own"
+                    if ran
+                    else f"PID {self.pid} did not run aiocop's script within {self.start_timeout:g} s: its main "
+                    "thread has not reached Python code since (blocked in a call, or an idle server waiting for its "
+                    "next request), or remote debugging is disabled in it. If it runs the script later, the script "
+                    "does nothing."
+                )
+            _progress(f"aiocop: waiting for PID {self.pid} to run aiocop's script...")
+            time.sleep(0.05)
+        if status["state"] == "error":
+            raise AttachError(f"PID {self.pid}: {status['error']}")
 
-def _leave(folder: Path, name: str) -> None:
-    """A file the target looks for: made here, in this side's own folder, never through a link."""
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
-
-
-def _wait_started(pid: int, folder: Path, status_file: Path) -> None:
-    asked = time.monotonic()
-    while (status := _read(status_file)) is None:
-        if not _alive(pid):
-            raise AttachError(f"PID {pid} exited before it ran aiocop's script")
-        if time.monotonic() - asked > START_TIMEOUT_S:
-            _leave(folder, "stop")
-            _leave(folder, "cancelled")
-            raise AttachError(
-                f"PID {pid} did not run aiocop's script within {START_TIMEOUT_S:g} s: its main thread has not "
-                "reached Python code since (blocked in a call, or an idle server waiting for its next request), "
-                "or remote debugging is disabled in it. If it runs the script later, the script does nothing."
-            )
-        _progress(f"aiocop: waiting for PID {pid} to run aiocop's script...")
-        time.sleep(0.05)
-    if status["state"] == "error":
-        raise AttachError(f"PID {pid}: {status['error']}")
-
-
-def _wait_done(pid: int, status_file: Path, began: float, seconds: float) -> dict[str, Any]:
-    """The final status, once the target has written it (the window over, or stopped)."""
-    while True:
-        status = _read(status_file)
-        if status is not None and status["state"] != "started":
-            return status
-        if not _alive(pid):
-            raise AttachError(f"PID {pid} exited during the window: nothing to report")
-        elapsed = time.monotonic() - began
-        if elapsed > seconds + REPORT_GRACE_S:
-            raise AttachError(f"PID {pid} did not report within {REPORT_GRACE_S:g} s of the window's end")
-        _progress(f"aiocop: attached to PID {pid}, watching: {min(elapsed, seconds):.1f} / {seconds:g} s")
-        time.sleep(0.05)
+    def _wait_done(self, began: float, seconds: float) -> dict[str, Any]:
+        """The final status, once the target has written it (the window over, or stopped)."""
+        while True:
+            status = self._status()
+            if status is not None and status["state"] != "started":
+                return status
+            if self.pin.exited():
+                raise AttachError(f"PID {self.pid} exited during the window: nothing to report")
+            elapsed = time.monotonic() - began
+            if elapsed > seconds + REPORT_GRACE_S:
+                raise AttachError(f"PID {self.pid} did not report within {REPORT_GRACE_S:g} s of the window's end")
+            _progress(f"aiocop: attached to PID {self.pid}, watching: {min(elapsed, seconds):.1f} / {seconds:g} s")
+            time.sleep(0.05)
 
 
 def main(
@@ -325,10 +416,12 @@ def main(
     try:
         report = attach(pid, seconds, threshold_ms)
     except AttachError as error:
-        print(f"aiocop attach: {error}", file=sys.stderr)
-        return EXIT_USAGE if "3.14 or later" in str(error) else EXIT_ERROR
-    except KeyboardInterrupt:
-        print("aiocop attach: interrupted; the target has detached", file=sys.stderr)
+        # Printable: parts of it (an error the target sent, a version it reported) are the target's.
+        print(f"aiocop attach: {printable(str(error))}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(error, UsageError) else EXIT_ERROR
+    except KeyboardInterrupt as interrupt:
+        said = interrupt.args[0] if interrupt.args else "nothing was sent to the target"
+        print(f"aiocop attach: interrupted; {said}", file=sys.stderr)
         return EXIT_INTERRUPTED
     summary = Summary.from_dict(report)
     state = "running aiocop already: its detection is left as it was" if report["already_running"] else "detached"
@@ -339,9 +432,13 @@ def main(
     )
     print("\n" + summary.render(limit=top), file=sys.stderr)
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as out:
-            json.dump({"aiocop": aiocop.__version__, "attached_to": pid, **report}, out, indent=2)
-            out.write("\n")
+        try:
+            with open(json_path, "w", encoding="utf-8") as out:
+                json.dump({"aiocop": aiocop.__version__, "attached_to": pid, **report}, out, indent=2)
+                out.write("\n")
+        except OSError as error:
+            print(f"aiocop attach: --json: cannot write {json_path!r}: {error.strerror}", file=sys.stderr)
+            return EXIT_ERROR
     worst = summary.worst_level()
     if fail_on and worst is not None and level_rank(worst) >= level_rank(fail_on):
         print(f"aiocop: failing: a call site reached impact {worst!r} (--fail-on {fail_on})", file=sys.stderr)

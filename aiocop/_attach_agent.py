@@ -2,20 +2,28 @@
 
 The attaching side (`_attach`) has CPython 3.14+ run a small bootstrap script
 in the target (`sys.remote_exec`, PEP 768) on its main thread, at its next
-safe point. The bootstrap imports this module (from the target's own aiocop
-if it has one, else from the attaching interpreter's copy, without touching
-`sys.path`) and calls `start()`, which returns at once: everything else runs
-on a thread of its own, so the target's main thread (often its event loop's)
-is held for no longer than the bootstrap's few lines.
+safe point. The bootstrap checks that it runs in the process it was written
+for, starts a thread named `aiocop-attach` and returns: the target's main
+thread (often its event loop's) is held for no longer than its few lines.
+That thread loads this module (from the target's own aiocop if it has
+imported one, else from the source the attaching side sent, never from a
+path) and calls `run()`.
 
-The session talks to the attaching side through files in a private folder
-(mode 0700, the attaching user's): `status.json` (started, done, or an
-error), `report.json` (the summary), and `stop` (written by the attaching
-side on Ctrl-C: the session ends early). It detaches on its own at the end
-of the window whatever happens to the attaching side: it stops what it
-started, and, if aiocop was not in the target before, removes every module
-of it from `sys.modules` and the exit handlers it registered (the audit hook
-cannot be removed: it is left as a one-dict-miss no-op).
+The session talks to the attaching side through files in the exchange folder
+(private to the attaching user, or handed to the target's user when root
+attaches to another user's process): `status.json` (started, done, or an
+error), `report.json` (the summary), both carrying the nonce the bootstrap
+was given; `stop` (Ctrl-C on the attaching side: end early) and `cancelled`
+(the attaching side gave up: do nothing, remove the folder). It detaches on
+its own at the end of the window whatever happens to the attaching side.
+
+On every path, the window over or anything failing on the way (a status file
+that cannot be written on a full disk, a start that raises halfway), it
+stops what it started and only that, puts the target's settings back and,
+if aiocop was not in the target before, removes every module of it from
+`sys.modules`, the importer that served them, and the exit handlers they
+registered (the audit hook cannot be removed: it is left as a one-dict-miss
+no-op). What it could not stop, it leaves importable and says so.
 """
 
 from __future__ import annotations
@@ -28,60 +36,85 @@ import shutil
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiocop
 from aiocop import _api, _callbacks, _delivery, _hook, _loops, _state, _watchdog
 from aiocop._report import Summary
 
-# One session at a time per process: a second attach is told so.
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+# One session at a time per process: the bootstrap refuses a second while a
+# thread named `aiocop-attach` lives; this lock closes the gap for a target's own aiocop.
 _lock = threading.Lock()
 _active: dict[str, Any] | None = None
 
 _POLL_S = 0.05
 
 
-def start(settings: dict[str, Any]) -> None:
-    """Start a session in a thread of its own and return (called on the target's main thread)."""
-    threading.Thread(target=_session, args=(settings,), name="aiocop-attach", daemon=True).start()
-
-
-def _write(folder: str, name: str, document: dict[str, Any]) -> None:
-    # Whole or not at all: the attaching side polls for the file.
-    path = os.path.join(folder, name)
+def _write(settings: dict[str, Any], name: str, document: dict[str, Any]) -> None:
+    # Whole or not at all: the attaching side polls for the file. With the
+    # nonce, which tells the attaching side that this agent wrote it.
+    path = os.path.join(settings["folder"], name)
     partial = path + ".partial"
-    with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as out:
-        json.dump(document, out)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+    with open(os.open(partial, flags, 0o600), "w", encoding="utf-8") as out:
+        json.dump({**document, "nonce": settings["nonce"]}, out)
     os.replace(partial, path)
 
 
 def _told(settings: dict[str, Any], name: str) -> bool:
-    """Whether the attaching side left `name` (`stop`, `cancelled`) in its folder."""
+    """Whether the attaching side left `name` (`stop`, `cancelled`) in the folder."""
     return os.path.exists(os.path.join(settings["folder"], name))
 
 
-def _session(settings: dict[str, Any]) -> None:
+def _attacher_gone(settings: dict[str, Any]) -> bool:
+    try:
+        os.kill(settings["by"], 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # another user's (root's): alive
+    return False
+
+
+def run(settings: dict[str, Any]) -> None:
+    """One session, on the thread the bootstrap started: install, watch, undo, report."""
     global _active
-    out = settings["out"]  # the folder this process writes in
-    if _told(settings, "cancelled"):  # the attaching side gave up before this could start
-        _cleanup(settings, (False, False))
-        return
     with _lock:
         busy = _active
         if busy is None:
             _active = settings
     if busy is not None:
-        _write(out, "status.json", {"state": "error", "error": f"another attach (by PID {busy['by']}) is running"})
+        with contextlib.suppress(OSError):
+            _write(
+                settings, "status.json", {"state": "error", "error": f"another attach (by PID {busy['by']}) is running"}
+            )
         return
-    started = (False, False)
-    final: dict[str, Any] = {"state": "error", "error": "the session ended early"}
-    saved = _settings()
     try:
-        started, summary, threshold_ms = _install(settings)
-        already = not (started[0] and started[1])
-        _write(out, "status.json", {"state": "started", "already_running": already, "threshold_ms": threshold_ms})
+        final = _session(settings)
+    finally:
+        with _lock:
+            _active = None
+    # Last: the attaching side takes this for the target being as it was.
+    if _told(settings, "cancelled") or _attacher_gone(settings):
+        shutil.rmtree(settings["folder"], ignore_errors=True)  # nobody will read it
+    else:
+        with contextlib.suppress(OSError):
+            _write(settings, "status.json", final)
+
+
+def _session(settings: dict[str, Any]) -> dict[str, Any]:
+    undo: list[tuple[str, Callable[[], None]]] = []
+    saved = _settings()
+    summary = Summary()
+    error: str | None = None
+    report: dict[str, Any] | None = None
+    try:
+        threshold_ms, already = _install(settings, summary, undo)
+        _write(settings, "status.json", {"state": "started", "already_running": already, "threshold_ms": threshold_ms})
         window = _watch(settings)
-        _uninstall(summary, started, saved)
         report = {
             "pid": os.getpid(),
             "python": sys.version.split()[0],
@@ -89,44 +122,82 @@ def _session(settings: dict[str, Any]) -> None:
             "seconds": round(window, 3),
             "threshold_ms": threshold_ms,
             "already_running": already,
-            "loops": len(_seen_loops),
-            **summary.to_dict(),
         }
-        _write(out, "report.json", report)
-        final = {"state": "done"}
-    except BaseException as error:  # never into the target: said to the attaching side instead
-        final = {"state": "error", "error": f"{type(error).__name__}: {error}"}
-    finally:
-        _cleanup(settings, started)
-        with _lock:
-            _active = None
-        # Last: the attaching side takes this for the target being as it was.
-        if not _told(settings, "cancelled"):
-            with contextlib.suppress(OSError):
-                _write(out, "status.json", final)
+    except BaseException as failure:  # never into the target: said to the attaching side instead
+        error = f"{type(failure).__name__}: {failure}"
+    # Everything started is undone, whatever failed above; each step on its own.
+    failed = _undo(undo, saved)
+    forgotten = _forget(settings, can_forget=not failed)
+    if failed:
+        left = "" if forgotten or not settings["injected"] else f": aiocop is left loaded in PID {os.getpid()}"
+        error = (error + "; " if error else "") + f"could not stop what it started ({'; '.join(failed)}){left}"
+    if error is None and report is not None:
+        try:
+            _write(settings, "report.json", {**report, "loops": len(_seen_loops), **summary.to_dict()})
+        except BaseException as failure:
+            error = f"could not write the report: {type(failure).__name__}: {failure}"
+    return {"state": "done"} if error is None else {"state": "error", "error": error}
 
 
 _seen_loops: set[int] = set()
 
 
-def _settings() -> tuple[dict[str, Any], dict[str, Any]]:
+def _settings() -> tuple[dict[str, Any], dict[str, Any], bool]:
     """The target's own settings, put back when the session ends: a session changes none of them."""
-    return dict(vars(_state.config)), dict(vars(_watchdog.sampling))
+    return dict(vars(_state.config)), dict(vars(_watchdog.sampling)), _state.ever_started
 
 
-def _install(settings: dict[str, Any]) -> tuple[tuple[bool, bool], Summary, float]:
-    """Start what is not running yet; the (interception, watchdog) started here, the summary, the threshold."""
-    summary = Summary()
+def _install(
+    settings: dict[str, Any], summary: Summary, undo: list[tuple[str, Callable[[], None]]]
+) -> tuple[float, bool]:
+    """Start what is not running yet, its undoing noted *before* each start (a start can fail halfway)."""
     started_interception = not _state.started
     started_watchdog = not _watchdog.watchdog.running
+    # First in, last out: the report's callback hears every event, the pending ones delivered at the end too.
+    undo.append(("the report's callback", lambda: _callbacks.unregister_slow_task_callback(summary)))
+    _callbacks.register_slow_task_callback(summary)
     if started_interception:
-        aiocop.start_blocking_io_detection()
+        undo.append(("interception", _api.stop_interception))
+        _api.start_blocking_io_detection()
     if started_watchdog:
+        undo.append(("the watchdog", _stop_watchdog))
         # A target running interception alone keeps its own threshold.
         threshold = settings["threshold_ms"] if started_interception else None
-        aiocop.detect_slow_tasks(threshold_ms=threshold or _state.config.threshold_ms)
-    _callbacks.register_slow_task_callback(summary)
-    return (started_interception, started_watchdog), summary, _state.config.threshold_ms
+        _api.detect_slow_tasks(threshold_ms=threshold or _state.config.threshold_ms)
+    return _state.config.threshold_ms, not (started_interception and started_watchdog)
+
+
+def _stop_watchdog() -> None:
+    # A watchdog whose thread failed to start (no thread left in the process)
+    # holds a thread that cannot be joined: let go of it first.
+    thread = _watchdog.watchdog._thread
+    if thread is not None and thread.ident is None:
+        _watchdog.watchdog._thread = None
+    _api.stop_watchdog()
+
+
+def _undo(undo: list[tuple[str, Callable[[], None]]], saved: tuple[dict[str, Any], dict[str, Any], bool]) -> list[str]:
+    """Undo the steps, last first, each whatever the others do; the steps that failed, said.
+
+    What was started stops first (the watchdog, then interception), then the
+    events still pending are delivered, then the report's callback goes.
+    """
+    failed: list[str] = []
+    steps = [*undo[:1], ("pending events", _delivery.drain), *undo[1:]]
+    for name, step in reversed(steps):
+        try:
+            step()
+        except BaseException as error:
+            failed.append(f"{name}: {type(error).__name__}: {error}")
+    config, sampling, ever_started = saved
+    vars(_state.config).update(config)
+    vars(_watchdog.sampling).update(sampling)
+    _state.ever_started = ever_started
+    try:
+        _hook.rebuild()
+    except BaseException as error:
+        failed.append(f"the hook: {type(error).__name__}: {error}")
+    return failed
 
 
 def _watch(settings: dict[str, Any]) -> float:
@@ -138,35 +209,26 @@ def _watch(settings: dict[str, Any]) -> float:
         time.monotonic() < deadline
         and not _told(settings, "stop")
         and not _told(settings, "cancelled")
-        and os.path.isdir(settings["out"])
+        and os.path.isdir(settings["folder"])
     ):
         _seen_loops.update(_loops.watches)
         time.sleep(_POLL_S)
     return time.monotonic() - began
 
 
-def _uninstall(summary: Summary, started: tuple[bool, bool], saved: tuple[dict[str, Any], dict[str, Any]]) -> None:
-    """Stop what this session started, and only that; the target's settings as they were."""
-    started_interception, started_watchdog = started
-    if started_interception:
-        _api.stop_interception()
-    if started_watchdog:
-        _api.stop_watchdog()
-    _delivery.drain()
-    _callbacks.unregister_slow_task_callback(summary)
-    if not (started_interception and started_watchdog):
-        config, sampling = saved
-        vars(_state.config).update(config)
-        vars(_watchdog.sampling).update(sampling)
-        _hook.rebuild()
+def _forget(settings: dict[str, Any], *, can_forget: bool) -> bool:
+    """Leave the target as it was: the modules of aiocop this session imported, their importer and exit handlers gone.
 
-
-def _cleanup(settings: dict[str, Any], started: tuple[bool, bool]) -> None:
-    """Leave the target as it was: the modules of aiocop this session imported, and their exit handlers, gone."""
+    Not when something could not be stopped (`can_forget` false): the running
+    parts stay reachable, and a later attach finds them. Whether all was removed.
+    """
+    if not can_forget:
+        return False
     had = set(settings["modules_before"])
-    if "aiocop._api" not in had and not _state.started and not _watchdog.watchdog.running:
+    idle = not _state.started and not _watchdog.watchdog.running
+    if "aiocop._api" not in had and idle:
         atexit.unregister(_api._at_exit)
-    if "aiocop._delivery" not in had and not _state.started and not _watchdog.watchdog.running:
+    if "aiocop._delivery" not in had and idle:
         atexit.unregister(_delivery.drain)
         _delivery._worker.shutdown()
     for name in [n for n in sys.modules if (n == "aiocop" or n.startswith("aiocop.")) and n not in had]:
@@ -175,5 +237,12 @@ def _cleanup(settings: dict[str, Any], started: tuple[bool, bool]) -> None:
         if package in sys.modules:  # `aiocop._attach_agent`, an attribute of the target's own package too
             with contextlib.suppress(AttributeError):
                 delattr(sys.modules[package], attribute)
-    if _told(settings, "cancelled"):
-        shutil.rmtree(settings["out"], ignore_errors=True)  # nobody will read it
+    if "aiocop" in had:  # the target's own package: the names its lazy look-ups cached meanwhile go too
+        namespace = vars(sys.modules["aiocop"])
+        for key in set(namespace) - set(settings["package_before"]):
+            del namespace[key]
+    finder = settings.get("finder")
+    if finder is not None:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(finder)
+    return True

@@ -7,9 +7,13 @@ its loop runs; each line marked `# ATTACH-...` is one the report must name.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
+import tempfile
 import time
+import types
+from typing import Any
 
 
 async def handler(n: int) -> None:
@@ -37,8 +41,112 @@ async def serve(seconds: float | None) -> None:
         await asyncio.sleep(0.05)
 
 
+# Terminal escapes a hostile target puts in what it sends back: set the window title, clear the screen, red.
+ESCAPES = "\x1b]0;owned\x07\x1b[2J\x1b[31m\u202e"
+
+
+def hostile(mode: str) -> None:
+    """A target whose `aiocop` is a fake that answers an attach as `mode` says (tests/test_attach.py)."""
+    package = types.ModuleType("aiocop")
+    package.__path__ = []
+    agent = types.ModuleType("aiocop._attach_agent")
+    if mode != "old-agent":  # an aiocop whose agent does not speak this protocol
+        agent.run = lambda settings: answer(settings, mode)  # type: ignore[attr-defined]
+    sys.modules["aiocop"] = package
+    if mode != "unrelated-aiocop":  # another package named aiocop, without an agent
+        package._attach_agent = agent  # type: ignore[attr-defined]
+        sys.modules["aiocop._attach_agent"] = agent
+
+
+def answer(settings: dict[str, Any], mode: str) -> None:
+    folder, nonce = settings["folder"], settings["nonce"]
+
+    def put(name: str, data: str | bytes) -> None:  # whole, as the real agent writes: the test is of content
+        with open(os.path.join(folder, name + ".partial"), "wb") as out:
+            out.write(data.encode() if isinstance(data, str) else data)
+        os.replace(os.path.join(folder, name + ".partial"), os.path.join(folder, name))
+
+    def signed(document: dict[str, Any]) -> str:
+        return json.dumps({**document, "nonce": nonce})
+
+    row = {
+        "call_site": "app.py:1:f",
+        "event": "os.stat",
+        "events": {"os.stat": 1},
+        "count": 1,
+        "steps": 1,
+        "total_ms": 1.0,
+        "worst_ms": 1.0,
+        "step_shared": False,
+        "impact": "low",
+        "example_trace": "app.py:1:f",
+    }
+    report: dict[str, Any] = {
+        "pid": os.getpid(),
+        "python": "3.14.0",
+        "aiocop": "6.6.6",
+        "seconds": 1.0,
+        "threshold_ms": 30.0,
+        "already_running": False,
+        "loops": 1,
+        "events": 1,
+        "dropped_calls": 0,
+        "worst_impact": "low",
+        "call_sites": [row],
+    }
+    if mode == "status-escapes":
+        put("status.json", signed({"state": "error", "error": f"it failed{ESCAPES}"}))
+        return
+    if mode == "status-not-an-object":
+        put("status.json", "[1, 2]")
+        return
+    put("status.json", signed({"state": "started", "already_running": False, "threshold_ms": 30.0}))
+    text = signed(report)
+    elsewhere = os.path.join(tempfile.mkdtemp(prefix=f"aiocop-test-hostile-{os.getpid()}-"), "report.json")
+    with open(elsewhere, "w") as out:
+        out.write(text)
+    if mode == "escapes":
+        row["call_site"] = f"app.py:1:{ESCAPES}f"
+        row["events"] = {f"os.stat{ESCAPES}": 1}
+        report["python"] = f"3.14{ESCAPES}"
+        text = signed(report)
+    elif mode == "wrong-type":
+        row["count"] = "7"
+        text = signed(report)
+    elif mode == "missing-key":
+        del report["events"]
+        text = signed(report)
+    elif mode == "deep":
+        text = "[" * 100_000 + "]" * 100_000
+    elif mode == "huge":
+        row["example_trace"] = "x" * (17 << 20)
+        text = signed(report)
+    elif mode == "nan":
+        text = signed(report).replace('"seconds": 1.0', '"seconds": NaN')
+    elif mode == "infinite":
+        text = signed(report).replace('"seconds": 1.0', '"seconds": 1e999')
+    elif mode == "no-nonce":
+        text = json.dumps(report)
+    elif mode == "another-pid":
+        report["pid"] = 1
+        text = signed(report)
+    if mode == "hardlink":  # a file from elsewhere, right even to the nonce: its second link is refused
+        os.link(elsewhere, os.path.join(folder, "report.json"))
+    elif mode == "symlink":
+        os.symlink(elsewhere, os.path.join(folder, "report.json"))
+    elif mode == "fifo":
+        os.mkfifo(os.path.join(folder, "report.json"))
+    else:
+        put("report.json", text)
+        if mode == "another-owner":
+            os.chown(os.path.join(folder, "report.json"), 65534, 65534)
+    put("status.json", signed({"state": "done"}))
+
+
 def main() -> None:
     kind = sys.argv[1]
+    if kind == "hostile":
+        hostile(sys.argv[2])
     seen: list[object] = []
     sys.modules["__main__"].seen = seen  # type: ignore[attr-defined]
     if kind in ("with-aiocop", "imported-aiocop", "watchdog-only", "interception-only"):

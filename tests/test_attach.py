@@ -108,6 +108,9 @@ def inside(pid: int, expression: str, timeout: float = 20.0) -> Any:
             f"os.replace({str(out)!r} + '.partial', {str(out)!r})\n"
             "del _value\n"
         )
+        if os.geteuid() == 0:  # a target of another user's reads the script, and writes its answer, there
+            os.chown(folder, os.stat(f"/proc/{pid}").st_uid, -1)
+            script.chmod(0o644)
         sys.remote_exec(pid, str(script))  # type: ignore[attr-defined]
         deadline = time.monotonic() + timeout
         while not out.exists():
@@ -125,6 +128,8 @@ STATE = (
     " 'set_asyncgen_hooks': repr(sys.set_asyncgen_hooks),"
     " 'set_running_loop': repr(__import__('asyncio').events._set_running_loop),"
     " 'threads': sorted(t.name for t in threading.enumerate()), 'path': sys.path,"
+    " 'meta_path': [type(f).__name__ for f in sys.meta_path],"
+    " 'package': sorted(vars(sys.modules['aiocop'])) if 'aiocop' in sys.modules else None,"
     " 'atexit': __import__('atexit')._ncallbacks()}"
 )
 
@@ -348,7 +353,7 @@ def _session_started(pid: int, timeout: float = 20.0) -> None:
     """Wait until an attach to `pid` is under way (its status file says so)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for status in Path(tempfile.gettempdir()).glob(f"aiocop-attach-{pid}-*/out/status.json"):
+        for status in Path(tempfile.gettempdir()).glob(f"aiocop-attach-{pid}-*/status.json"):
             with contextlib.suppress(OSError, ValueError):
                 if json.loads(status.read_text())["state"] == "started":
                     return
@@ -379,6 +384,7 @@ def test_ctrl_c_on_the_attaching_side_detaches_the_target(targets: Any) -> None:
     assert "interrupted; the target has detached" in stderr
     assert as_before(target.pid, before) == before
     assert target.alive()
+    assert leftovers(target.pid) == []
 
 
 @needs_remote
@@ -403,6 +409,7 @@ def test_two_attaches_at_once(targets: Any) -> None:
     assert first.returncode == 0, stderr
     assert "os.stat" in stderr
     assert inside(target.pid, STATE)["aiocop"] == []
+    assert leftovers(target.pid) == []
 
 
 # What a target running aiocop itself has set: a session leaves it as it was.
@@ -454,9 +461,451 @@ def test_a_target_that_runs_the_script_too_late(targets: Any, tmp_path: Path) ->
     )
     assert result.returncode == 1
     assert f"PID {target.pid} did not run aiocop's script within 1 s" in result.stderr
+    assert [sorted(os.listdir(p)) for p in leftovers(target.pid)] == [["bootstrap.py", "cancelled"]]
     assert target.process.stdout is not None
     assert target.process.stdout.readline().strip() == "awake"  # its loop running
     time.sleep(1.0)  # the late script has run by now, at the loop's first safe point
     state = inside(target.pid, STATE)
     assert state["aiocop"] == []
     assert "aiocop-attach" not in state["threads"] and "aiocop-watchdog" not in state["threads"]
+    assert leftovers(target.pid) == []  # the late script removed what was left for it
+
+
+# --- issue 23: attach treated as untrusted input -------------------------------------------------------------
+
+
+def leftovers(pid: int) -> list[str]:
+    """The exchange folders of attaches to `pid` still in the temporary directory."""
+    return sorted(str(p) for p in Path(tempfile.gettempdir()).glob(f"aiocop-attach-{pid}-*"))
+
+
+def run_inside(pid: int, statements: str) -> None:
+    """Run `statements` inside process `pid` (a fault injected there)."""
+    assert inside(pid, f"exec({statements!r}, {{}}) or 'done'") == "done"
+
+
+@needs_remote
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [
+        ("wrong-type", "report.json.call_sites[0].count: expected a whole number, got a string"),
+        ("missing-key", "report.json: the key 'events' is missing"),
+        ("deep", "report.json: nested too deeply"),
+        ("huge", f"report.json: larger than {16 << 20} bytes"),
+        ("nan", "report.json: not JSON (NaN is not a number aiocop accepts"),
+        ("infinite", "report.json.seconds: expected a finite number from 0 to 1e+12, got inf"),
+        ("no-nonce", "report.json: not written for this attach (its nonce is missing or wrong)"),
+        ("another-pid", "report.json.pid: 1 is not the PID attached to"),
+        ("hardlink", "report.json in {folder} has 2 links (a hard link to another file): refused"),
+        ("symlink", "report.json in {folder} cannot be opened (Too many levels of symbolic links)"),
+        ("fifo", "report.json in {folder} is not a regular file: refused"),
+        ("another-owner", "report.json in {folder} belongs to uid 65534 (nobody), not to the target's user: refused"),
+        ("status-not-an-object", "status.json: expected a JSON object, got an array"),
+        ("status-escapes", "it failed\\x1b]0;owned\\x07\\x1b[2J\\x1b[31m\\u202e"),
+        (
+            "unrelated-aiocop",
+            "could not load aiocop ? (?): ModuleNotFoundError: No module named 'aiocop._attach_agent'",
+        ),
+        ("old-agent", "the attach agent failed: AttributeError: module 'aiocop._attach_agent' has no attribute 'run'"),
+    ],
+)
+def test_a_hostile_target_s_answer_is_refused(targets: Any, mode: str, said: str) -> None:
+    """Issue 23, 6 and 7: what the target writes is checked; a bad one is one line and exit 1, not a traceback."""
+    if mode == "another-owner" and os.geteuid() != 0:
+        pytest.skip("the target needs root to give its file away (CI runs as root)")
+    target = targets("hostile", mode)
+    try:
+        result = aiocop_attach(str(target.pid), "--seconds", "1")
+    finally:  # the file the target linked to, elsewhere
+        for elsewhere in Path(tempfile.gettempdir()).glob(f"aiocop-test-hostile-{target.pid}-*"):
+            shutil.rmtree(elsewhere)
+    assert result.returncode == 1, result.stderr
+    assert "\x1b" not in result.stderr and "\u202e" not in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    folder = result.stderr.split(" in ", 1)[1].split(" ", 1)[0] if "{folder}" in said else ""
+    assert said.format(folder=folder) in result.stderr, result.stderr
+    assert leftovers(target.pid) == []
+    assert target.alive()
+
+
+@needs_remote
+def test_terminal_escapes_in_a_report_are_printed_escaped(targets: Any, tmp_path: Path) -> None:
+    """Issue 23, 6: a report whose strings carry terminal escapes is printed, and written, with them escaped."""
+    target = targets("hostile", "escapes")
+    report_path = tmp_path / "report.json"
+    try:
+        result = aiocop_attach(str(target.pid), "--seconds", "1", "--json", str(report_path))
+    finally:
+        for elsewhere in Path(tempfile.gettempdir()).glob(f"aiocop-test-hostile-{target.pid}-*"):
+            shutil.rmtree(elsewhere)
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stderr and "\u202e" not in result.stderr
+    escaped = "\\x1b]0;owned\\x07\\x1b[2J\\x1b[31m\\u202e"
+    assert f"app.py:1:{escaped}f" in result.stderr
+    assert f"(Python 3.14{escaped})" in result.stderr
+    report = json.loads(report_path.read_text())
+    assert report["call_sites"][0]["events"] == {f"os.stat{escaped}": 1}
+    assert "\x1b" not in report_path.read_text()
+    assert leftovers(target.pid) == []
+
+
+@needs_remote
+def test_the_exchange_folder_goes_on_every_path(targets: Any) -> None:
+    """Issue 23, 7: success, the target exiting, Ctrl-C: no folder is left behind (the late script: its own test)."""
+    served = targets("serve")
+    assert aiocop_attach(str(served.pid), "--seconds", "1").returncode == 0
+    assert leftovers(served.pid) == []
+    exiting = targets("exits", "1.5")
+    assert aiocop_attach(str(exiting.pid), "--seconds", "10").returncode == 1
+    assert leftovers(exiting.pid) == []
+
+
+@needs_remote
+def test_root_attaching_to_another_user_s_process(targets: Any) -> None:
+    """Issue 23, 7: the folder is handed to the target's user; its files are read as that user's; then removed."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run a target as another user (CI runs as root)")
+    target = Target(
+        [*("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"), sys.executable, str(TARGETS), "serve"]
+    )
+    try:
+        target.wait_ready()
+        before = inside(target.pid, STATE)
+        result = aiocop_attach(str(target.pid), "--seconds", "1")
+        assert result.returncode == 0, result.stderr
+        assert f"tests/attach_targets.py:{line_of(TARGETS, 'ATTACH-STAT')}:handler" in result.stderr
+        assert leftovers(target.pid) == []
+        assert as_before(target.pid, before) == before
+    finally:
+        target.stop()
+
+
+def _copy_of_aiocop(tmp_path: Path) -> Path:
+    copy = tmp_path / "site"
+    shutil.copytree(ROOT / "aiocop", copy / "aiocop", ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+@needs_remote
+@pytest.mark.parametrize("how", ["another user's", "world-writable"])
+def test_code_another_user_can_change_is_not_sent(targets: Any, tmp_path: Path, how: str) -> None:
+    """Issue 23, 8: `sudo /home/dev/venv/bin/python -m aiocop attach PID` refuses to make the target run dev's code."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give files to another user (CI runs as root)")
+    target = targets("serve")
+    copy = _copy_of_aiocop(tmp_path)
+    tmp_path.chmod(0o755)
+    if how == "another user's":
+        for path in [copy, *copy.rglob("*")]:
+            os.chown(path, 65534, 65534)
+        reason = f"{copy / 'aiocop'} belongs to uid 65534 (nobody), who could change it"
+    else:
+        (copy / "aiocop").chmod(0o777)
+        reason = f"{copy / 'aiocop'} can be written by users other than its owner (mode 777)"
+    before = inside(target.pid, STATE)
+    result = subprocess.run(
+        [sys.executable, "-m", "aiocop", "attach", str(target.pid), "--seconds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        env={**os.environ, "PYTHONPATH": str(copy)},
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("aiocop attach: aiocop's own code, which the target would run, comes from a place")
+    assert reason in result.stderr
+    assert inside(target.pid, STATE) == before
+    assert leftovers(target.pid) == []
+
+
+@needs_remote
+def test_the_target_runs_the_code_sent_not_a_path(targets: Any) -> None:
+    """Issue 23, 8: the injected aiocop comes from the attaching side's text, served from memory."""
+    target = targets("serve")
+    attaching = subprocess.Popen(
+        [sys.executable, "-m", "aiocop", "attach", str(target.pid), "--seconds", "3"],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _session_started(target.pid)
+        loaders = inside(
+            target.pid,
+            "sorted({type(m.__spec__.loader).__name__ for n, m in sys.modules.items() if n.startswith('aiocop')})",
+        )
+        _, stderr = attaching.communicate(timeout=60)
+    finally:
+        if attaching.poll() is None:
+            attaching.kill()
+            attaching.communicate()
+    assert loaders == ["Finder"]
+    assert attaching.returncode == 0, stderr
+
+
+@needs_remote
+def test_a_script_delivered_to_a_reused_pid_does_nothing(targets: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23, 9: the bootstrap checks its process's start time itself; in another process it runs nothing."""
+    from aiocop import _attach, _attach_files
+
+    target = targets("serve")
+    before = inside(target.pid, STATE)
+    real_take = _attach_files.Pin.take
+
+    def pinned_elsewhere(pid: int) -> _attach_files.Pin:  # as if PID had been another process's when pinned
+        pin = real_take(pid)
+        assert pin.start is not None
+        pin.start -= 1
+        return pin
+
+    monkeypatch.setattr(_attach_files.Pin, "take", staticmethod(pinned_elsewhere))
+    monkeypatch.setattr(_attach_files.Pin, "check", lambda self: None)  # past the attaching side's own check
+    monkeypatch.setattr(_attach_files.Pin, "exited", lambda self: False)
+    monkeypatch.setenv("AIOCOP_ATTACH_START_TIMEOUT_S", "2")
+    with pytest.raises(_attach.AttachError, match=f"PID {target.pid} did not run aiocop's script within 2 s"):
+        _attach.attach(target.pid, 1.0, None)
+    time.sleep(0.5)  # the script has run by now (the target's loop wakes every 50 ms)
+    assert inside(target.pid, STATE) == before
+    # It did not even remove its folder: it was not its to touch. The attaching side left the script alone.
+    assert [sorted(os.listdir(p)) for p in leftovers(target.pid)] == [["bootstrap.py", "cancelled"]]
+    for folder in leftovers(target.pid):
+        shutil.rmtree(folder)
+
+
+@needs_remote
+def test_a_reused_pid_is_refused_before_anything_is_sent(targets: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23, 9: the PID was given to another process between the pin and sys.remote_exec: refused."""
+    from aiocop import _attach, _attach_files
+
+    target = targets("serve")
+    real = _attach_files.start_ticks
+    calls = 0
+
+    def reused(pid: int) -> int | None:  # the first look pins; every later one sees another process
+        nonlocal calls
+        calls += 1
+        ticks = real(pid)
+        return ticks if calls == 1 or ticks is None else ticks + 1
+
+    monkeypatch.setattr(_attach_files, "start_ticks", reused)
+    with pytest.raises(_attach.AttachError, match=f"PID {target.pid} is no longer the process aiocop was asked"):
+        _attach.attach(target.pid, 1.0, None)
+    assert inside(target.pid, STATE)["aiocop"] == []
+    assert leftovers(target.pid) == []
+
+
+FAULTS = {
+    # A full disk: every write of a regular file fails (EFBIG; CPython ignores SIGXFSZ).
+    "the status write fails": "",
+    # The watchdog's thread cannot start, after interception has started.
+    "detect_slow_tasks fails after interception started": (
+        "import threading\n"
+        "threading.Thread._aiocop_test_start = threading.Thread.start\n"
+        "def start(self):\n"
+        "    if self.name == 'aiocop-watchdog':\n"
+        '        raise RuntimeError("can\'t start new thread")\n'
+        "    return self._aiocop_test_start()\n"
+        "threading.Thread.start = start\n"
+    ),
+}
+UNDO_FAULTS = (
+    "import threading\n"
+    "threading.Thread.start = threading.Thread.__dict__.get('_aiocop_test_start', threading.Thread.start)\n"
+    "if hasattr(threading.Thread, '_aiocop_test_start'):\n"
+    "    del threading.Thread._aiocop_test_start\n"
+)
+
+
+@needs_remote
+@pytest.mark.parametrize("kind", ["serve", "imported-aiocop"])
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_failed_start_leaves_the_target_as_it_was(targets: Any, kind: str, fault: str) -> None:
+    """Issue 23, 10: whatever fails after the agent started something, it undoes it, and a later attach works."""
+    import resource
+
+    target = targets(kind)
+    before = inside(target.pid, STATE)
+    env = {**os.environ, "AIOCOP_ATTACH_START_TIMEOUT_S": "3"}
+    limit = resource.prlimit(target.pid, resource.RLIMIT_FSIZE)
+    if FAULTS[fault]:
+        run_inside(target.pid, FAULTS[fault])
+    else:
+        resource.prlimit(target.pid, resource.RLIMIT_FSIZE, (0, limit[1]))
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "aiocop", "attach", str(target.pid), "--seconds", "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env=env,
+            check=False,
+        )
+    finally:
+        resource.prlimit(target.pid, resource.RLIMIT_FSIZE, limit)
+    if FAULTS[fault]:
+        run_inside(target.pid, UNDO_FAULTS)
+        assert result.stderr.strip() == f"aiocop attach: PID {target.pid}: RuntimeError: can't start new thread"
+    else:
+        assert result.stderr.strip() == (
+            f"aiocop attach: PID {target.pid} ran aiocop's script but said nothing within 3 s (it could not write "
+            "in the exchange folder: a full disk?); it detaches on its own"
+        )
+    assert result.returncode == 1
+    assert as_before(target.pid, before) == before  # its modules, functions, threads, exit handlers
+    assert leftovers(target.pid) == []
+    again = aiocop_attach(str(target.pid), "--seconds", "1")  # nothing left running in the way
+    assert again.returncode == 0, again.stderr
+    assert as_before(target.pid, before) == before
+
+
+@needs_remote
+def test_a_step_that_cannot_be_undone_does_not_stop_the_others(targets: Any) -> None:
+    """Issue 23, 10: stopping interception fails: the rest is undone anyway, and the failure is said."""
+    target = targets("watchdog-only")
+    own = inside(target.pid, OWN)
+    run_inside(
+        target.pid,
+        "import sys\n"
+        "api = sys.modules['aiocop._api']\n"
+        "api._aiocop_test_stop = api.stop_interception\n"
+        "def stop_interception():\n"
+        "    raise OSError('injected')\n"
+        "api.stop_interception = stop_interception\n",
+    )
+    result = aiocop_attach(str(target.pid), "--seconds", "1")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"aiocop attach: PID {target.pid}: could not stop what it started (interception: OSError: injected)"
+    )
+    after = inside(target.pid, OWN)
+    assert after["started"] is True  # what could not be stopped, left running and reachable
+    assert {**after, "started": False} == own  # the rest as it was: its watchdog, settings, callback
+    assert "aiocop-attach" not in inside(target.pid, STATE)["threads"]
+    assert leftovers(target.pid) == []
+
+
+@needs_remote
+@pytest.mark.parametrize("value", ["abc", "nan", "inf", "-1", "0"])
+def test_a_bad_start_timeout_is_a_usage_error(value: str) -> None:
+    """Issue 23, 4: AIOCOP_ATTACH_START_TIMEOUT_S is checked when attach runs; `nan` no longer waits forever."""
+    result = subprocess.run(
+        [sys.executable, "-m", "aiocop", "attach", str(os.getpid()), "--seconds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "AIOCOP_ATTACH_START_TIMEOUT_S": value},
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        f"aiocop attach: AIOCOP_ATTACH_START_TIMEOUT_S={value!r}: expected a number of seconds above 0 and at most "
+        "86400 (the default is 10)"
+    )
+
+
+@needs_remote
+def test_a_json_file_that_cannot_be_written_is_an_error(targets: Any) -> None:
+    """Issue 23, 4: `--json /dev/full` is not reported as success."""
+    target = targets("serve")
+    result = aiocop_attach(str(target.pid), "--seconds", "1", "--json", "/dev/full")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().endswith("aiocop attach: --json: cannot write '/dev/full': No space left on device")
+    assert leftovers(target.pid) == []
+
+
+@needs_remote
+def test_an_attaching_side_killed_outright_leaves_nothing(targets: Any) -> None:
+    """Issue 23, 7: after SIGKILL the target detaches at the end of its window, and removes the folder itself."""
+    target = targets("serve")
+    before = inside(target.pid, STATE)
+    attaching = subprocess.Popen(
+        [sys.executable, "-m", "aiocop", "attach", str(target.pid), "--seconds", "2"],
+        cwd=ROOT,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _session_started(target.pid)
+    finally:
+        attaching.kill()
+        attaching.wait()  # reaped: its PID no longer names a process
+    deadline = time.monotonic() + 20
+    while leftovers(target.pid):
+        assert time.monotonic() < deadline, leftovers(target.pid)
+        time.sleep(0.1)
+    assert as_before(target.pid, before) == before
+
+
+@needs_remote
+def test_ctrl_c_before_the_target_ran_the_script(targets: Any) -> None:
+    """Issue 23, 7: interrupted while the target is in a long C call: the script and its mark stay, until it runs."""
+    target = targets("asleep", "4")
+    interactive = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"sys.argv = ['aiocop', 'attach', '{target.pid}', '--seconds', '1']; "
+        "runpy.run_module('aiocop', run_name='__main__', alter_sys=True)"
+    )
+    attaching = subprocess.Popen([sys.executable, "-c", interactive], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not any(Path(p, "bootstrap.py").exists() for p in leftovers(target.pid)):
+            assert time.monotonic() < deadline, "the attach did not send its script"
+            time.sleep(0.02)
+        time.sleep(0.3)  # sys.remote_exec has returned: the attaching side waits for the script to run
+        attaching.send_signal(signal.SIGINT)
+        _, stderr = attaching.communicate(timeout=30)
+    finally:
+        if attaching.poll() is None:
+            attaching.kill()
+            attaching.communicate()
+    assert attaching.returncode == 130, stderr
+    assert stderr.strip() == (
+        "aiocop attach: interrupted; the target had not run aiocop's script: if it runs it later, the script does "
+        "nothing"
+    )
+    assert [sorted(os.listdir(p)) for p in leftovers(target.pid)] == [["bootstrap.py", "cancelled"]]
+    assert target.process.stdout is not None
+    assert target.process.stdout.readline().strip() == "awake"
+    deadline = time.monotonic() + 10
+    while leftovers(target.pid):  # the script ran at the loop's first safe point, and removed its folder
+        assert time.monotonic() < deadline, leftovers(target.pid)
+        time.sleep(0.05)
+    state = inside(target.pid, STATE)
+    assert state["aiocop"] == [] and "aiocop-attach" not in state["threads"]
+
+
+@needs_remote
+def test_another_user_s_target_removes_its_folder_when_it_runs_the_script_late() -> None:
+    """Issue 23, 7: root gave up waiting; the folder was handed to the target's user, whose late script removes it."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run a target as another user (CI runs as root)")
+    target = Target(
+        [
+            *("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"),
+            *(sys.executable, str(TARGETS), "asleep", "4"),
+        ]
+    )
+    try:
+        target.wait_ready()
+        result = subprocess.run(
+            [sys.executable, "-m", "aiocop", "attach", str(target.pid), "--seconds", "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env={**os.environ, "AIOCOP_ATTACH_START_TIMEOUT_S": "1"},
+            check=False,
+        )
+        assert result.returncode == 1, result.stderr
+        assert [os.stat(p).st_uid for p in leftovers(target.pid)] == [65534]
+        assert target.process.stdout is not None
+        assert target.process.stdout.readline().strip() == "awake"
+        deadline = time.monotonic() + 10
+        while leftovers(target.pid):
+            assert time.monotonic() < deadline, leftovers(target.pid)
+            time.sleep(0.05)
+    finally:
+        target.stop()
