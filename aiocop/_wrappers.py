@@ -29,12 +29,18 @@ from asyncio import _get_running_loop as get_running_loop
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from aiocop import _typepatch
+from aiocop import _reload, _typepatch
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
 logger = logging.getLogger("aiocop")
+
+# pytest leaves the frames of this module out of the tracebacks it shows: a
+# call through a wrapper fails at the caller's line, as without aiocop. A
+# module global, read by pytest only when it formats a traceback: the
+# wrappers pay nothing for it.
+__tracebackhide__ = True
 
 Kind = Literal[
     "path",
@@ -263,10 +269,10 @@ _C_ACQUIRE: dict[type, Callable[..., Any]] = {
 }
 
 
-def _c_acquire(lock: Any) -> Callable[..., Any]:
+def _c_acquire(lock: Any) -> Callable[..., Any] | None:
     acquire = _C_ACQUIRE.get(type(lock))
-    if acquire is None:  # a subclass: the C type it derives from
-        acquire = next(_C_ACQUIRE[cls] for cls in type(lock).__mro__ if cls in _C_ACQUIRE)
+    if acquire is None:  # a subclass: the C type it derives from (None: not a lock, the original says so)
+        acquire = next((_C_ACQUIRE[cls] for cls in type(lock).__mro__ if cls in _C_ACQUIRE), None)
     return acquire
 
 
@@ -274,15 +280,13 @@ def _lock_enter(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any, *args: Any) -> bool:
         if args or get_running_loop() is None:  # `with` gives none (and an empty tuple is free)
             return original(self, *args)  # type: ignore[no-any-return]
-        if _c_acquire(self)(self, False):
-            return True
+        acquire = _c_acquire(self)
+        if acquire is None or acquire(self, False):
+            return original(self) if acquire is None else True
         _audit_hook(event, (None,))
         return original(self)  # type: ignore[no-any-return]
 
     return wrapper
-
-
-_event_is_set = threading.Event.is_set  # the base method: a subclass's override is not called
 
 
 def _timeout_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
@@ -295,7 +299,9 @@ def _timeout_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, An
 def _event_wait(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> bool:
         usual, timeout = _timeout_of(args, kwargs)
-        if usual and _may_wait(timeout) and not _event_is_set(self) and get_running_loop() is not None:
+        # The flag Event.is_set reads (a subclass's override is not called); an
+        # object with none is no event: the original raises its own error.
+        if usual and _may_wait(timeout) and not getattr(self, "_flag", True) and get_running_loop() is not None:
             _audit_hook(event, (timeout,))
         return original(self, *args, **kwargs)  # type: ignore[no-any-return]
 
@@ -332,7 +338,12 @@ def _queue_get(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 
 def _queue_put(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any, item: Any, block: Any = True, timeout: Any = None) -> None:
-        if block and _may_wait(timeout) and 0 < self.maxsize <= _queue_size(self) and get_running_loop() is not None:
+        if (
+            block
+            and _may_wait(timeout)
+            and 0 < getattr(self, "maxsize", 0) <= _queue_size(self)  # no maxsize: no queue, the original says so
+            and get_running_loop() is not None
+        ):
             _audit_hook(event, (timeout,))
         return original(self, item, block, timeout)  # type: ignore[no-any-return]
 
@@ -360,19 +371,51 @@ _FACTORIES: dict[str, Callable[[Callable[..., Any], str], Callable[..., Any]]] =
 class BuiltinLike(staticmethod):  # type: ignore[type-arg]
     """The stand-in for a builtin function: called as it is, never bound, pickled and copied as the original.
 
-    A builtin is not a descriptor: `sleep = time.sleep` in a class body stays a
-    plain function of the instances. A Python function would become a method
-    there (and be given `self`); a staticmethod is called directly (in C, with
-    no frame of its own) and is never bound. Its name, qualified name, module
-    and docstring come from the wrapped function, which has the original's.
+    A builtin is not a descriptor: `sleep = time.sleep` in a class body stays
+    the very same object, read from the class or an instance (a dataclass
+    default, a strategy kept as a class attribute). A Python function would
+    become a method there (and be given `self`), and a plain staticmethod
+    would hand out the function it holds; this one hands out itself. A
+    staticmethod is called directly (in C, with no frame of its own). Its
+    name, qualified name, module and docstring come from the wrapped function,
+    which has the original's.
+
+    What it calls can be switched in place: to the original when detection
+    stops (a kept stand-in then costs one C call more than the builtin, and
+    detects nothing), and back to a wrapper when it starts again, so that
+    `os.stat` is one object for the life of the process.
     """
 
-    __slots__ = ()
+    # Weak references to it work, as to a builtin.
+    __slots__ = ("__weakref__",)
     _reference: str  # "module:name" it was patched under, in the instance's own __dict__ (staticmethods have one)
+    _original: Any  # the builtin it stands for (same __dict__)
+
+    def __get__(self, instance: object, owner: type | None = None) -> BuiltinLike:
+        return self  # as a builtin, which is no descriptor: stored in a class, read back the same
 
     @property
     def original(self) -> Any:
-        return self.__wrapped__.__wrapped__  # type: ignore[attr-defined] # set by functools.wraps
+        return self._original
+
+    # The name as a property of the type too (not only in the instance's
+    # dict), where CPython looks for it in `repr(weakref.ref(os.stat))`.
+    # Writing it (staticmethod's __init__ copies the wrapped function's) changes nothing.
+    @property
+    def __name__(self) -> str:
+        return self._original.__name__  # type: ignore[no-any-return]
+
+    @__name__.setter
+    def __name__(self, value: str) -> None:
+        pass
+
+    @property
+    def __self__(self) -> Any:
+        return self._original.__self__  # a builtin's module (posix for os.stat)
+
+    def calls(self, target: Callable[..., Any]) -> None:
+        """Call `target` from now on (a wrapper, or the original itself)."""
+        staticmethod.__init__(self, target)  # replaces the callable in place (CPython's sm_init)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # By reference to the name it was patched under ("os:stat"): it
@@ -390,29 +433,94 @@ class BuiltinLike(staticmethod):  # type: ignore[type-arg]
         return self
 
     def __repr__(self) -> str:
-        return repr(self.original)
+        return repr(self._original)
 
 
-def _stand_in(original: Any, wrapper: Callable[..., Any], owner: Any) -> Any:
-    """`wrapper` dressed as `original`, as `owner` will hold it."""
+def _pass_through_code() -> types.CodeType:
+    original: Callable[..., Any] = _no_hook
+    event = ""
+
+    # What a kept method wrapper runs once detection stops: the original, at
+    # once. Its free variables are every wrapper's (`event`, `original`), so
+    # that this code can replace a wrapper's own in place (`__code__`).
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        event  # noqa: B018 - a free variable like every wrapper's, though unused
+        return original(*args, **kwargs)
+
+    return wrapper.__code__
+
+
+_PASS_THROUGH = _pass_through_code()
+
+# One stand-in per patched name for the life of the process: started again,
+# aiocop puts the same objects back, so that whatever the program kept of them
+# (a class attribute, a dataclass default, `from os import stat`) is the
+# object `os.stat` is, and detected again. Keyed by the target's owner and
+# attribute; each entry the original it stands for, the stand-in (a
+# BuiltinLike, or a method wrapper) and the wrapper's own code.
+_kept: dict[tuple[str, str], tuple[Any, Any, types.CodeType | None]] = {}
+
+
+def _without_annotations(original: Any, wrapper: Callable[..., Any]) -> None:
+    # A builtin or C method has no annotations (typing.get_type_hints gives
+    # {}); the wrappers' own are strings naming aiocop's imports, which no
+    # resolver outside this module can resolve.
+    if not hasattr(original, "__annotations__"):
+        wrapper.__annotations__ = {}
+
+
+def _stand_in(target: PatchTarget, original: Any, wrapper: Callable[..., Any], owner: Any) -> Any:
+    """`wrapper` dressed as `original`, as `owner` will hold it (the one kept from an earlier start, if any)."""
     functools.wraps(original)(wrapper)
+    _without_annotations(original, wrapper)
     if hasattr(original, "__text_signature__"):  # what inspect.signature reads of a builtin
         wrapper.__text_signature__ = original.__text_signature__  # type: ignore[attr-defined]
-    if isinstance(owner, type):
+    key = (target.owner, target.attr)
+    kept = _kept.get(key)
+    if isinstance(owner, type) or isinstance(original, types.FunctionType):
         # A method: a function binds like the C method it replaces. A C
         # method has no module of its own; a function always has the
         # attribute, so None says the same (and pickle, finding None, looks
         # the qualified name up in every module: the owner's holds the wrapper).
-        if not hasattr(original, "__module__"):
+        if isinstance(owner, type) and not hasattr(original, "__module__"):
             wrapper.__module__ = None  # type: ignore[assignment]
+        if kept is not None and kept[0] is original and _take_code(kept[1], wrapper):
+            return kept[1]
+        _kept[key] = (original, wrapper, wrapper.__code__)
         return wrapper
-    if isinstance(original, types.FunctionType):
-        return wrapper
-    stand_in = BuiltinLike(wrapper)
-    stand_in._reference = f"{owner.__name__}:{original.__name__}"
-    if hasattr(original, "__text_signature__"):
-        stand_in.__text_signature__ = original.__text_signature__  # type: ignore[attr-defined] # its own __dict__
+    if kept is not None and kept[0] is original:
+        stand_in = kept[1]
+    else:
+        stand_in = BuiltinLike(wrapper)
+        stand_in._reference = f"{owner.__name__}:{original.__name__}"
+        stand_in._original = original
+        if hasattr(original, "__text_signature__"):
+            stand_in.__text_signature__ = original.__text_signature__  # type: ignore[attr-defined] # its own __dict__
+        _kept[key] = (original, stand_in, None)
+    stand_in.calls(wrapper)
     return stand_in
+
+
+def _take_code(kept: Any, wrapper: Any) -> bool:
+    # The kept function becomes the new wrapper if their closures name the
+    # same variables in the same order (a cell is bound by position).
+    closure = kept.__closure__
+    if closure is None or kept.__code__.co_freevars != wrapper.__code__.co_freevars:
+        return False
+    for cell, new in zip(closure, wrapper.__closure__, strict=True):
+        cell.cell_contents = new.cell_contents
+    kept.__defaults__ = wrapper.__defaults__
+    kept.__code__ = wrapper.__code__
+    return True
+
+
+def _pass_through(patch: _Patch) -> None:
+    """A kept wrapper of `patch`, once taken off its owner, calls the original at once."""
+    wrapper = patch.wrapper
+    if isinstance(wrapper, BuiltinLike):
+        wrapper.calls(patch.original)
+    elif isinstance(wrapper, types.FunctionType) and wrapper.__code__.co_freevars == _PASS_THROUGH.co_freevars:
+        wrapper.__code__ = _PASS_THROUGH
 
 
 # The standard library's feature checks (`os.stat in os.supports_follow_symlinks`,
@@ -473,15 +581,18 @@ def patch_audit_functions(exclude: Iterable[str] = ()) -> None:
     unknown = excluded - {t.name for t in PATCH_TARGETS}
     if unknown:
         raise ValueError(f"unknown patch target(s) {sorted(unknown)}; see aiocop.get_patched_functions()")
-    global _applied_exclusions
     if _applied and excluded == _applied_exclusions:
         # As 1.x: the same call again changes nothing (and the patched
         # functions keep their identity); other exclusions re-apply.
         logger.warning("aiocop: patch_audit_functions called more than once with the same exclusions; ignored")
         return
     unpatch_audit_functions()
-    _applied_exclusions = frozenset(excluded)
-    global _audit_hook
+    _apply(frozenset(excluded))
+
+
+def _apply(excluded: frozenset[str]) -> None:
+    global _applied_exclusions, _audit_hook
+    _applied_exclusions = excluded
     from aiocop._hook import audit_hook  # noqa: PLC0415 - _hook imports this module
 
     _audit_hook = audit_hook
@@ -493,8 +604,11 @@ def patch_audit_functions(exclude: Iterable[str] = ()) -> None:
             if owner is None or not hasattr(owner, target.attr):
                 continue  # not on this platform
             original = getattr(owner, target.attr)
+            kept = _kept.get((target.owner, target.attr))
+            if kept is not None and original is kept[1]:
+                original = kept[0]  # our own stand-in, left there by another tool since: what it stands for
             own_attr = target.attr in vars(owner)
-            wrapper = _stand_in(original, _FACTORIES[target.kind](original, target.event), owner)
+            wrapper = _stand_in(target, original, _FACTORIES[target.kind](original, target.event), owner)
             _typepatch.set_type_attr(owner, target.attr, wrapper) if isinstance(owner, type) else setattr(
                 owner, target.attr, wrapper
             )
@@ -503,6 +617,20 @@ def patch_audit_functions(exclude: Iterable[str] = ()) -> None:
             continue
         feature_sets = _join_feature_sets(original, wrapper) if owner is os else []
         _applied.append(_Patch(target, owner, original, own_attr, wrapper, feature_sets))
+    if _applied:
+        _reload.install(_after_reload)
+
+
+def _after_reload(module: types.ModuleType) -> None:
+    # importlib.reload() ran a patched module's code again: its functions
+    # are the originals again, its classes new ones. Wrap them again, with
+    # the same exclusions (the stand-ins kept, so `os.stat` is the object
+    # it was before the reload).
+    name = getattr(module, "__name__", None)
+    if any(p.target.owner.partition(":")[0] == name for p in _applied):
+        excluded = _applied_exclusions
+        unpatch_audit_functions()
+        _apply(excluded)
 
 
 # The exclusions the patches in force were applied with.
@@ -511,14 +639,18 @@ _applied_exclusions: frozenset[str] = frozenset()
 
 def unpatch_audit_functions() -> None:
     """Restore every function `patch_audit_functions` wrapped."""
+    _reload.uninstall()
     left: list[str] = []  # replaced by another tool since: not ours to restore
     while _applied:
         patch = _applied.pop()
+        _pass_through(patch)  # wherever the program kept it
         for features in patch.feature_sets:
             features.discard(patch.wrapper)
         owner, attr = patch.owner, patch.target.attr
-        if getattr(owner, attr, None) is not patch.wrapper:
-            left.append(patch.target.name)
+        now = getattr(owner, attr, None)
+        if now is not patch.wrapper:
+            if now is not patch.original:  # (the original again: a reload put it back, nothing to do)
+                left.append(patch.target.name)
             continue
         if isinstance(owner, type):
             if patch.own_attr:
