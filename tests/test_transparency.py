@@ -410,3 +410,72 @@ def test_reloading_a_patched_module_keeps_detection_and_prints_nothing(module: s
     first, second = result.stdout.splitlines()
     assert first == "True ['os.stat', 'socket.socket.recv', 'socket.socket.send', 'threading.Event.wait']"
     assert second == "True True"
+
+
+# What a program sees of how it was started: printed by the program itself,
+# then compared between a plain run and a run under `python -m aiocop run`.
+# The stack is cut at aiocop's first frame (aiocop's own, and those of runpy
+# that `python -m aiocop` runs in).
+_RUN_PROBE = '''
+"""The probe's docstring."""
+import inspect, os, pickle, re, sys
+
+def function():
+    pass
+
+def shown(value):
+    return re.sub(r" at 0x[0-9a-f]+", "", repr(value))
+
+print(sorted((k, type(v).__name__ if k == "__builtins__" else shown(v)) for k, v in globals().items() if k[:2] == "__"))
+print(type(__loader__).__name__, getattr(__loader__, "name", None), getattr(__loader__, "path", None))
+print(sys.argv, sys.path[0], sys._getframe().f_code.co_filename)
+print(sys.modules["__main__"] is sys.modules[__name__], pickle.loads(pickle.dumps(function)) is function)
+stack = []
+for info in inspect.stack():
+    if f"{os.sep}aiocop{os.sep}" in info.filename:
+        break
+    stack.append((info.filename, info.function))
+print(stack)
+if "fail" in sys.argv:
+    raise ValueError("the program's own error")
+'''
+
+
+def _run(cwd: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")},
+        check=False,
+    )
+
+
+def _traceback_of(stderr: str) -> str:
+    start = stderr.index("Traceback")
+    return stderr[start : stderr.index("ValueError", start)]
+
+
+@pytest.mark.parametrize(
+    "how", [("script", "probe.py"), ("script", "sub/probe.py"), ("module", "pkg.probe"), ("module", "pkg")]
+)
+@pytest.mark.parametrize("fail", [False, True])
+def test_the_cli_runs_a_program_as_python_does(tmp_path: Any, how: tuple[str, str], fail: bool) -> None:
+    # __name__, __file__, __loader__, __spec__, __builtins__, sys.argv,
+    # sys.path[0], the stack under the program and the traceback of its
+    # uncaught error: as with `python script.py` / `python -m module`.
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "pkg").mkdir()
+    for path in ("probe.py", "sub/probe.py", "pkg/probe.py", "pkg/__main__.py"):
+        (tmp_path / path).write_text(_RUN_PROBE)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    kind, target = how
+    program = ([target] if kind == "script" else ["-m", target]) + ["an", "--arg"] + (["fail"] if fail else [])
+    plain = _run(tmp_path, *program)
+    watched = _run(tmp_path, "-m", "aiocop", "run", *program)
+    assert watched.stdout == plain.stdout
+    assert (watched.returncode, plain.returncode) == ((1, 1) if fail else (0, 0)), watched.stderr
+    if fail:
+        assert _traceback_of(watched.stderr) == _traceback_of(plain.stderr)
