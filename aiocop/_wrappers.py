@@ -495,6 +495,10 @@ def _stand_in(target: PatchTarget, original: Any, wrapper: Callable[..., Any], o
         stand_in = BuiltinLike(wrapper)
         stand_in._reference = f"{owner.__name__}:{original.__name__}"
         stand_in._original = original
+        # What typing.get_type_hints reads ({}, as for the builtin): in the
+        # instance's own dict, above the annotations of this class's body
+        # (which 3.14's staticmethod no longer hides with the function's).
+        stand_in.__annotations__ = {}
         if hasattr(original, "__text_signature__"):
             stand_in.__text_signature__ = original.__text_signature__  # type: ignore[attr-defined] # its own __dict__
         _kept[key] = (original, stand_in, None)
