@@ -8,16 +8,14 @@ event loop, and otherwise calls the original at once. Events are only raised
 on threads that run an event loop.
 
 A wrapper must be indistinguishable from what it replaces: it hands its event
-to aiocop's hook directly (other audit hooks see only what CPython raises), a
-builtin's stand-in is never bound as a method and pickles as the original
-(`BuiltinLike`), and it joins every `os.supports_*` set its original is in.
+to aiocop's hook directly (other audit hooks see only what CPython raises), it
+is dressed as the original and stays the same object wherever it is kept
+(`_standin`), and it joins every `os.supports_*` set its original is in.
 """
 
 from __future__ import annotations
 
 import _thread
-import contextlib
-import functools
 import importlib
 import logging
 import os
@@ -25,14 +23,14 @@ import select
 import socket as _socket_module
 import sys
 import threading
-import types
 from asyncio import _get_running_loop as get_running_loop
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from aiocop import _reload, _typepatch
+from aiocop import _reload, _standin, _typepatch
 
 if TYPE_CHECKING:
+    import types
     from collections.abc import Callable, Iterable
 
 logger = logging.getLogger("aiocop")
@@ -369,169 +367,6 @@ _FACTORIES: dict[str, Callable[[Callable[..., Any], str], Callable[..., Any]]] =
 }
 
 
-class BuiltinLike(staticmethod):  # type: ignore[type-arg]
-    """The stand-in for a builtin function: called as it is, never bound, pickled and copied as the original.
-
-    A builtin is not a descriptor: `sleep = time.sleep` in a class body stays
-    the very same object, read from the class or an instance (a dataclass
-    default, a strategy kept as a class attribute). A Python function would
-    become a method there (and be given `self`), and a plain staticmethod
-    would hand out the function it holds; this one hands out itself. A
-    staticmethod is called directly (in C, with no frame of its own). Its
-    name, qualified name, module and docstring come from the wrapped function,
-    which has the original's.
-
-    What it calls can be switched in place: to the original when detection
-    stops (a kept stand-in then costs one C call more than the builtin, and
-    detects nothing), and back to a wrapper when it starts again, so that
-    `os.stat` is one object for the life of the process.
-    """
-
-    # Weak references to it work, as to a builtin.
-    __slots__ = ("__weakref__",)
-    _reference: str  # "module:name" it was patched under, in the instance's own __dict__ (staticmethods have one)
-    _original: Any  # the builtin it stands for (same __dict__)
-
-    def __get__(self, instance: object, owner: type | None = None) -> BuiltinLike:
-        return self  # as a builtin, which is no descriptor: stored in a class, read back the same
-
-    @property
-    def original(self) -> Any:
-        return self._original
-
-    # The name as a property of the type too (not only in the instance's
-    # dict), where CPython looks for it in `repr(weakref.ref(os.stat))`.
-    # Writing it (staticmethod's __init__ copies the wrapped function's) changes nothing.
-    @property
-    def __name__(self) -> str:
-        return self._original.__name__  # type: ignore[no-any-return]
-
-    @__name__.setter
-    def __name__(self, value: str) -> None:
-        pass
-
-    @property
-    def __self__(self) -> Any:
-        return self._original.__self__  # a builtin's module (posix for os.stat)
-
-    def calls(self, target: Callable[..., Any]) -> None:
-        """Call `target` from now on (a wrapper, or the original itself)."""
-        staticmethod.__init__(self, target)  # replaces the callable in place (CPython's sm_init)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # By reference to the name it was patched under ("os:stat"): it
-        # unpickles anywhere, aiocop or not, to whatever that name holds there
-        # (the original, or this stand-in where aiocop runs), as the builtin
-        # itself would.
-        import pkgutil  # noqa: PLC0415 - only when pickled
-
-        return (pkgutil.resolve_name, (self._reference,))
-
-    def __copy__(self) -> BuiltinLike:
-        return self  # functions are atomic to `copy`
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> BuiltinLike:
-        return self
-
-    def __repr__(self) -> str:
-        return repr(self._original)
-
-
-def _pass_through_code() -> types.CodeType:
-    original: Callable[..., Any] = _no_hook
-    event = ""
-
-    # What a kept method wrapper runs once detection stops: the original, at
-    # once. Its free variables are every wrapper's (`event`, `original`), so
-    # that this code can replace a wrapper's own in place (`__code__`).
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        event  # noqa: B018 - a free variable like every wrapper's, though unused
-        return original(*args, **kwargs)
-
-    return wrapper.__code__
-
-
-_PASS_THROUGH = _pass_through_code()
-
-# One stand-in per patched name for the life of the process: started again,
-# aiocop puts the same objects back, so that whatever the program kept of them
-# (a class attribute, a dataclass default, `from os import stat`) is the
-# object `os.stat` is, and detected again. Keyed by the target's owner and
-# attribute; each entry the original it stands for, the stand-in (a
-# BuiltinLike, or a method wrapper) and the wrapper's own code.
-_kept: dict[tuple[str, str], tuple[Any, Any, types.CodeType | None]] = {}
-
-
-def _without_annotations(original: Any, wrapper: Callable[..., Any]) -> None:
-    # A builtin or C method has no annotations (typing.get_type_hints gives
-    # {}); the wrappers' own are strings naming aiocop's imports, which no
-    # resolver outside this module can resolve.
-    if not hasattr(original, "__annotations__"):
-        wrapper.__annotations__ = {}
-
-
-def _stand_in(target: PatchTarget, original: Any, wrapper: Callable[..., Any], owner: Any) -> Any:
-    """`wrapper` dressed as `original`, as `owner` will hold it (the one kept from an earlier start, if any)."""
-    functools.wraps(original)(wrapper)
-    _without_annotations(original, wrapper)
-    if hasattr(original, "__text_signature__"):  # what inspect.signature reads of a builtin
-        wrapper.__text_signature__ = original.__text_signature__  # type: ignore[attr-defined]
-    key = (target.owner, target.attr)
-    kept = _kept.get(key)
-    if isinstance(owner, type) or isinstance(original, types.FunctionType):
-        # A method: a function binds like the C method it replaces. A C
-        # method has no module of its own; a function always has the
-        # attribute, so None says the same (and pickle, finding None, looks
-        # the qualified name up in every module: the owner's holds the wrapper).
-        if isinstance(owner, type) and not hasattr(original, "__module__"):
-            wrapper.__module__ = None  # type: ignore[assignment]
-        if kept is not None and kept[0] is original and _take_code(kept[1], wrapper):
-            return kept[1]
-        _kept[key] = (original, wrapper, wrapper.__code__)
-        return wrapper
-    if kept is not None and kept[0] is original:
-        stand_in = kept[1]
-    else:
-        stand_in = BuiltinLike(wrapper)
-        stand_in._reference = f"{owner.__name__}:{original.__name__}"
-        stand_in._original = original
-        # What typing.get_type_hints reads ({}, as for the builtin): in the
-        # instance's own dict, above the annotations of this class's body
-        # (which 3.14's staticmethod no longer hides with the function's).
-        stand_in.__annotations__ = {}
-        if hasattr(original, "__text_signature__"):
-            stand_in.__text_signature__ = original.__text_signature__  # type: ignore[attr-defined] # its own __dict__
-        _kept[key] = (original, stand_in, None)
-    stand_in.calls(wrapper)
-    return stand_in
-
-
-def _take_code(kept: Any, wrapper: Any) -> bool:
-    # The kept function becomes the new wrapper if their closures name the
-    # same variables in the same order (a cell is bound by position).
-    closure = kept.__closure__
-    if closure is None or kept.__code__.co_freevars != wrapper.__code__.co_freevars:
-        return False
-    try:
-        kept.__code__ = wrapper.__code__  # an `object.__setattr__` audit event, which a sandbox may refuse
-        kept.__defaults__ = wrapper.__defaults__
-    except Exception:
-        return False  # a new wrapper then, as on the first start
-    for cell, new in zip(closure, wrapper.__closure__, strict=True):
-        cell.cell_contents = new.cell_contents
-    return True
-
-
-def _pass_through(patch: _Patch) -> None:
-    """A kept wrapper of `patch`, once taken off its owner, calls the original at once."""
-    wrapper = patch.wrapper
-    if isinstance(wrapper, BuiltinLike):
-        wrapper.calls(patch.original)
-    elif isinstance(wrapper, types.FunctionType) and wrapper.__code__.co_freevars == _PASS_THROUGH.co_freevars:
-        with contextlib.suppress(Exception):  # refused by an audit hook: the wrapper stays, and still works
-            wrapper.__code__ = _PASS_THROUGH
-
-
 # The standard library's feature checks (`os.stat in os.supports_follow_symlinks`,
 # made by shutil at import and by copystat at each call) must give the same
 # answers for a wrapper as for its original.
@@ -613,11 +448,12 @@ def _apply(excluded: frozenset[str]) -> None:
             if owner is None or not hasattr(owner, target.attr):
                 continue  # not on this platform
             original = getattr(owner, target.attr)
-            kept = _kept.get((target.owner, target.attr))
+            key = (target.owner, target.attr)
+            kept = _standin.kept_objects.get(key)
             if kept is not None and original is kept[1]:
                 original = kept[0]  # our own stand-in, left there by another tool since: what it stands for
             own_attr = target.attr in vars(owner)
-            wrapper = _stand_in(target, original, _FACTORIES[target.kind](original, target.event), owner)
+            wrapper = _standin.dress(key, original, _FACTORIES[target.kind](original, target.event), owner)
             _typepatch.set_type_attr(owner, target.attr, wrapper) if isinstance(owner, type) else setattr(
                 owner, target.attr, wrapper
             )
@@ -652,7 +488,7 @@ def unpatch_audit_functions() -> None:
     left: list[str] = []  # replaced by another tool since: not ours to restore
     while _applied:
         patch = _applied.pop()
-        _pass_through(patch)  # wherever the program kept it
+        _standin.pass_through(patch.wrapper, patch.original)  # wherever the program kept it
         for features in patch.feature_sets:
             features.discard(patch.wrapper)
         owner, attr = patch.owner, patch.target.attr

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import aiocop
-from aiocop import _wrappers
+from aiocop import _standin, _wrappers
 from tests.conftest import ROOT, Collector, reset_aiocop, run_python
 from tests.pytester_args import QUIET
 from tests.transparency_idioms import DOCUMENTED_DIFFERENCES, IDIOMS
@@ -148,10 +148,10 @@ def test_a_wrapper_kept_in_a_class_or_a_dataclass_default_is_the_very_object(pat
     target, original, wrapper = _found(patched, name)
     assert _kept_in_a_class(wrapper) == _kept_in_a_class(original)
     aiocop.stop()
-    if isinstance(wrapper, _wrappers.BuiltinLike):
+    if isinstance(wrapper, _standin.BuiltinLike):
         assert wrapper.__func__ is original  # staticmethod's callable: the builtin, with no Python frame between
     else:
-        assert wrapper.__code__ is _wrappers._PASS_THROUGH
+        assert wrapper.__code__ is _standin.PASS_THROUGH
     aiocop.start_blocking_io_detection()
     assert getattr(_wrappers._resolve_owner(target.owner), target.attr) is wrapper
 
