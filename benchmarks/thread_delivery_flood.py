@@ -1,6 +1,6 @@
 """`delivery="thread"` flooded: memory, drops, and how long `stop()` takes.
 
-    python benchmarks/thread_delivery_flood.py [--steps 200000] [--callback-ms 1]
+    python benchmarks/thread_delivery_flood.py [--steps 200000] [--callback-ms 1] [--exit]
 
 A loop makes one detected blocking call (`os.stat`) per step, far faster than
 a callback that takes `--callback-ms` per event (a network exporter) can take
@@ -10,6 +10,10 @@ events were delivered and how many dropped (the bounded queue's), how long
 two seconds after). What to expect: memory flat once the queue is full, every
 step either delivered or counted as dropped, `stop()` back within about a
 second plus the callback running then, and no callback after it.
+
+`--exit` measures instead how long a program that floods and then simply
+ends (no `stop()`: the exit delivers what it can) takes from its last line to
+its exit.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -33,7 +39,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=200_000)
     parser.add_argument("--callback-ms", type=float, default=1.0)
+    parser.add_argument("--exit", action="store_true", help="time the exit of a flooded program instead")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.exit:
+        time_the_exit(args.steps, args.callback_ms)
+        return
 
     delivered = 0
     stopped_at: list[float] = []
@@ -64,6 +75,9 @@ def main() -> None:
     started = time.perf_counter()
     asyncio.run(flood())
     ran = time.perf_counter() - started
+    if args.child:  # --exit: end here, as a program does, and let the exit deliver
+        print(f"END {time.time()}", flush=True)
+        return
     before_stop = time.perf_counter()
     aiocop.stop()
     stop_took = time.perf_counter() - before_stop
@@ -75,6 +89,19 @@ def main() -> None:
     print("resident memory (MiB) by step: " + ", ".join(f"{step}: {mib:.0f}" for step, mib in samples))
     print(f"delivered {delivered}, dropped {dropped}, delivered + dropped = {delivered + dropped}")
     print(f"stop() took {stop_took:.2f} s; callbacks started after stop() returned: {after_stop}")
+
+
+def time_the_exit(steps: int, callback_ms: float) -> None:
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--child", "--steps", str(steps), "--callback-ms", str(callback_ms)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert child.stdout is not None
+    ended = float(child.stdout.readline().split()[1])
+    child.wait()
+    print(f"{steps} steps, callback {callback_ms} ms: exit {time.time() - ended:.2f} s after the program's last line")
 
 
 if __name__ == "__main__":

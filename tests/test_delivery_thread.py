@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
+import subprocess
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -17,7 +20,7 @@ import pytest
 
 import aiocop
 from aiocop import _delivery
-from tests.conftest import reset_aiocop
+from tests.conftest import ROOT, reset_aiocop
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -128,3 +131,21 @@ def _wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "the delivery thread never caught up"
         time.sleep(0.01)
+
+
+def test_the_flood_benchmark_runs_and_accounts_for_every_step() -> None:
+    # benchmarks/thread_delivery_flood.py gives the figures in the docs; here
+    # it runs small, and its own accounting must hold (no timing checked).
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "thread_delivery_flood.py"), "--steps", "3000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    accounted = re.search(r"delivered (\d+), dropped (\d+), delivered \+ dropped = (\d+)", done.stdout)
+    assert accounted is not None, done.stdout
+    delivered, dropped, total = map(int, accounted.groups())
+    assert delivered > 0 and dropped > 0 and total >= 3000
+    assert "callbacks started after stop() returned: 0" in done.stdout
