@@ -70,10 +70,15 @@ def uninstall() -> None:
 
 
 def _aiocop_threads() -> dict[int, threading.Thread]:
+    # threading's own registry of running threads (private: read defensively,
+    # this runs inside the application's reload()).
+    active = getattr(threading, "_active", None)
+    if not isinstance(active, dict):
+        return {}
     return {
         ident: thread
-        for ident, thread in list(threading._active.items())  # type: ignore[attr-defined] # the registry itself
-        if thread.name.startswith("aiocop-")
+        for ident, thread in list(active.items())
+        if isinstance(thread, threading.Thread) and thread.name.startswith("aiocop-")
     }
 
 

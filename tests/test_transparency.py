@@ -388,6 +388,43 @@ def test_the_documented_differences_are_in_the_docs() -> None:
     assert [name for name in sorted(DOCUMENTED_DIFFERENCES) if f"`{name}`" not in text] == []
 
 
+@pytest.mark.parametrize("module", ["os", "threading", "socket", "queue", "time", "select"])
+def test_reloading_a_patched_module_keeps_detection_and_prints_nothing(module: str) -> None:
+    # importlib.reload() runs the module's code again (os.stat the builtin
+    # again, threading.Event a new class): aiocop wraps them again at once,
+    # os.stat stays the object it was, and nothing is printed, then or at exit
+    # (reloading threading used to end aiocop's threads with a KeyError).
+    result = run_python(
+        """
+        import asyncio, importlib, os, queue, socket, sys, threading
+        import aiocop
+        aiocop.start_blocking_io_detection()
+        names = []
+        record = lambda event: names.extend(b["name"] for b in event.blocking_events)
+        aiocop.detect_slow_tasks(threshold_ms=30, on_slow_task=record)
+        stat = os.stat
+        importlib.reload(importlib.import_module(sys.argv[1]))
+        async def main():
+            os.stat(".")
+            threading.Event().wait(0.001)
+            a, b = socket.socketpair()
+            with a, b:
+                b.send(b"x")
+                a.recv(1)
+        asyncio.run(main())
+        print(os.stat is stat, sorted(set(names)))
+        aiocop.stop()
+        print(os.stat is not stat, os.stat(".").st_mode == stat(".").st_mode)
+        """,
+        module,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    first, second = result.stdout.splitlines()
+    assert first == "True ['os.stat', 'socket.socket.recv', 'socket.socket.send', 'threading.Event.wait']"
+    assert second == "True True"
+
+
 # What a program sees of how it was started: printed by the program itself,
 # then compared between a plain run and a run under `python -m aiocop run`.
 # The stack is cut at aiocop's first frame (aiocop's own, and those of runpy
