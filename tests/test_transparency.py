@@ -492,3 +492,23 @@ def test_the_cli_runs_a_program_as_python_does(tmp_path: Any, how: tuple[str, st
     assert (watched.returncode, plain.returncode) == ((1, 1) if fail else (0, 0)), watched.stderr
     if fail:
         assert _traceback_of(watched.stderr) == _traceback_of(plain.stderr)
+
+
+def test_the_cli_main_called_in_process_runs_the_program_the_same_way(tmp_path: Any) -> None:
+    # aiocop._cli.main() (the CLI run from another program's process) runs
+    # the program under its own functions, but with the same globals,
+    # sys.argv and sys.path[0]; and puts the caller's back afterwards.
+    (tmp_path / "probe.py").write_text(_RUN_PROBE)
+    plain = _run(tmp_path, "probe.py", "an", "--arg")
+    called = _run(
+        tmp_path,
+        "-c",
+        "import sys; from aiocop._cli import main; "
+        "argv, path0, mod = sys.argv[:], sys.path[0], sys.modules['__main__']; "
+        "status = main(['run', 'probe.py', 'an', '--arg']); "
+        "print(status, sys.argv == argv, sys.path[0] == path0, sys.modules['__main__'] is mod)",
+    )
+    assert called.returncode == 0, called.stderr
+    # Everything but the stack (aiocop's functions are under the program here).
+    assert called.stdout.splitlines()[:4] == plain.stdout.splitlines()[:4]
+    assert called.stdout.splitlines()[-1] == "0 True True True"
