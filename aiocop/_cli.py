@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import builtins
 import contextlib
+import importlib.machinery
 import importlib.util
+import io
 import json
 import math
 import os
 import runpy
 import sys
 import threading
+import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -23,7 +27,8 @@ from aiocop._report import Summary, describe
 from aiocop._severity import level_rank
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Callable, Generator, Iterator, Sequence
+    from types import CodeType
 
     from aiocop._allow import AllowRule
     from aiocop._events import SlowTaskEvent
@@ -241,6 +246,27 @@ def _usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI in this process, the program under a function of aiocop's; the exit status.
+
+    `python -m aiocop` runs the program at its own top level instead (see
+    `aiocop.__main__`), with no frame of aiocop's between it and the interpreter.
+    """
+    steps = session(argv)
+    try:
+        program = next(steps)
+        steps.send(_execute(program))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    raise RuntimeError("the CLI session went on after the program's run")  # pragma: no cover - not reached
+
+
+def session(argv: Sequence[str] | None = None) -> Generator[Program, int, int]:
+    """The CLI's steps around the program: yields the program to run, is sent its exit status, returns aiocop's.
+
+    A generator, so that nothing of aiocop's is on the stack while the
+    program runs. Returns at once (with the status) for what runs no program:
+    `--help`, a usage error, `attach`.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, run_parser = build_parsers()
     if not argv:
@@ -274,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     resolved = _resolve(settings, run_parser)
     factory = _uvloop_factory(run_parser) if settings.uvloop else None
     with _default_loop_factory(factory):
-        return _run(program, settings, resolved)
+        return (yield from _run(program, settings, resolved))
 
 
 @dataclass(frozen=True)
@@ -362,7 +388,7 @@ def _default_loop_factory(factory: Callable[[], asyncio.AbstractEventLoop] | Non
         asyncio.events.new_event_loop = asyncio.new_event_loop = original
 
 
-def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> int:
+def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> Generator[Program, int, int]:
     summary = Summary(resolved.baseline)
     aiocop.start_blocking_io_detection(trace_depth=resolved.trace_depth)
     if settings.no_watchdog:  # intercepted calls only; the threshold still says which steps were slow
@@ -376,7 +402,7 @@ def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> 
     if settings.verbose:
         aiocop.register_slow_task_callback(_print_event)
     pid = os.getpid()
-    status = _execute(program)
+    status = yield program  # run by the caller: nothing of aiocop's on the stack meanwhile
     if os.getpid() != pid:
         return status  # a forked child that returned: the summary is the parent's to print
     try:
@@ -419,29 +445,63 @@ def _print_event(event: SlowTaskEvent) -> None:
     print("aiocop: " + describe(event), file=sys.stderr)
 
 
+def prepare(program: Program) -> dict[str, Any]:
+    """Make the process look as `python script.py` / `python -m module` makes it; the globals to run in.
+
+    A fresh `__main__` module, with the interpreter's own attributes
+    (`__builtins__` the module, a script's absolute `__file__`, its
+    `SourceFileLoader`), `sys.argv` and `sys.path[0]` as Python sets them. A
+    module's own attributes are set by `runpy`, as under `python -m`.
+    """
+    main_module = types.ModuleType("__main__")
+    main_module.__builtins__ = builtins  # type: ignore[attr-defined] # a module, as in the interpreter's __main__
+    if sys.version_info < (3, 14):
+        main_module.__annotations__ = {}  # the interpreter gives its __main__ one up to 3.13
+    sys.modules["__main__"] = main_module
+    if program.module is not None:
+        sys.argv = ["-m", *program.args]  # as Python while it finds the module; runpy then sets the module's path
+        sys.path[0] = os.getcwd()
+        return main_module.__dict__
+    assert program.script is not None
+    path = os.path.abspath(program.script)
+    sys.argv = [program.script, *program.args]
+    sys.path[0] = os.path.dirname(os.path.realpath(program.script))  # as Python: symlinks resolved
+    main_module.__file__ = path
+    if sys.version_info < (3, 15):
+        main_module.__cached__ = None  # type: ignore[attr-defined] # gone from 3.15
+    main_module.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    return main_module.__dict__
+
+
+def script_code(program: Program) -> CodeType:
+    """The script's code, compiled as `python script.py` compiles it (under its absolute path)."""
+    assert program.script is not None
+    path = os.path.abspath(program.script)
+    with io.open_code(path) as source:
+        return compile(source.read(), path, "exec", dont_inherit=True)
+
+
+def program_failed(error: BaseException) -> int:
+    """The exit status of a program that ended with `error`, shown as Python would show it."""
+    if isinstance(error, SystemExit):
+        return _exit_status(error.code)
+    _print_program_error(error)
+    return 130 if isinstance(error, KeyboardInterrupt) else 1
+
+
 def _execute(program: Program) -> int:
-    """Run the program as `python script.py` / `python -m module` would; its exit status."""
-    saved_argv, saved_path0 = sys.argv, sys.path[0]
+    """Run the program in this process (`main()`), under this function; its exit status."""
+    saved = sys.argv, sys.path[0], sys.modules["__main__"]
     try:
+        run_globals = prepare(program)
         if program.module is not None:
-            sys.argv = [program.module, *program.args]
-            sys.path[0] = os.getcwd()
-            runpy.run_module(program.module, run_name="__main__", alter_sys=True)
+            runpy._run_module_as_main(program.module)  # type: ignore[attr-defined] # what `python -m` calls
         else:
-            assert program.script is not None
-            sys.argv = [program.script, *program.args]
-            sys.path[0] = os.path.dirname(os.path.realpath(program.script))  # as Python: symlinks resolved
-            runpy.run_path(program.script, run_name="__main__")
-    except SystemExit as exit_:
-        return _exit_status(exit_.code)
-    except KeyboardInterrupt as interrupt:
-        _print_program_error(interrupt)
-        return 130
+            exec(script_code(program), run_globals)
     except BaseException as error:  # the program's own failure: show it as Python would, then the summary
-        _print_program_error(error)
-        return 1
+        return program_failed(error)
     finally:
-        sys.argv, sys.path[0] = saved_argv, saved_path0
+        sys.argv, sys.path[0], sys.modules["__main__"] = saved
     return 0
 
 
@@ -454,12 +514,16 @@ def _wait_for_threads() -> None:
         threading._shutdown()  # type: ignore[attr-defined] # private, but the interpreter's own next step
 
 
+# aiocop's frames under the program (runpy's, under a module, are Python's own, as under `python -m`).
+_OWN_FILES = (__file__, os.path.join(os.path.dirname(__file__), "__main__.py"))
+
+
 def _print_program_error(error: BaseException) -> None:
     # Start the traceback at the program's own frames, as `python script.py`
-    # would: skip this module's and runpy's. Through sys.excepthook, which
+    # would: skip aiocop's own frames. Through sys.excepthook, which
     # the program may have replaced.
     tb = error.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__, "<frozen runpy>"):
+    while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
         tb = tb.tb_next
     sys.excepthook(type(error), error.with_traceback(tb), tb)  # the default hook reads __traceback__
 

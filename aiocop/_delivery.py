@@ -561,11 +561,17 @@ def make_violation(group: StepGroup) -> HighSeverityBlockingIoException:
     )
 
 
-# Steps queued for the delivery thread at most. A callback slower than the
-# events arrive (a network exporter) must not make memory grow without bound:
-# past this, new steps are dropped, counted and logged, never silently.
+# Steps queued for the delivery thread at most (its documented capacity). A
+# callback slower than the events arrive (a network exporter) must not make
+# memory grow without bound: past this, new steps are dropped, counted and
+# logged, never silently.
 MAX_PENDING = 10_000
 _DROP_LOG_INTERVAL_S = 10.0
+# stop() (and the exit) waits this long for the queue to be delivered; what
+# is left then is dropped, counted and logged. A callback running at that
+# moment is waited for, up to _CALLBACK_WAIT_S more: none starts afterwards.
+DRAIN_S = 1.0
+_CALLBACK_WAIT_S = 5.0
 
 
 class _Worker:
@@ -577,9 +583,12 @@ class _Worker:
         self._queue: SimpleQueue[list[StepGroup] | threading.Event | Callable[[], None]] = SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = _forksafe.lock()
-        self._queued = 0  # items put, under _lock
-        self._handled = 0  # items taken and handled: written by the worker thread only
-        self._discarding = False  # stop() ran out of time: what is left is dropped, not delivered
+        self._queued = 0  # steps put, under _lock
+        self._handled = 0  # steps taken and handled (or dropped): written by the worker thread only
+        # Set by drain() when out of time: every item queued before this
+        # marker is dropped, not delivered. Cleared by the worker alone, as it
+        # reaches the marker: nothing queued before stop() runs after it.
+        self._discard_until: threading.Event | None = None
         self.dropped = 0  # steps dropped, since the process started
         self._dropped_logged = 0
         self._last_drop_log = 0.0
@@ -588,25 +597,31 @@ class _Worker:
         return self._queued - self._handled
 
     def submit(self, groups: list[StepGroup]) -> None:
-        self._put(groups, len(groups))
-
-    def submit_call(self, call: Callable[[], None]) -> None:
-        self._put(call, 1)
-
-    def _put(self, item: list[StepGroup] | Callable[[], None], steps: int) -> None:
         if self._thread is None:
             self._start()
         with self._lock:
-            if self._queued - self._handled >= MAX_PENDING:
-                self.dropped += steps
-                full = True
+            room = MAX_PENDING - (self._queued - self._handled)
+            kept = groups if len(groups) <= room else groups[: max(room, 0)]
+            self.dropped += len(groups) - len(kept)
+            self._queued += len(kept)
+        if kept:
+            self._queue.put(kept)
+        if len(kept) < len(groups):
+            self._log_dropped(at_most_every=_DROP_LOG_INTERVAL_S)
+
+    def submit_call(self, call: Callable[[], None]) -> None:
+        if self._thread is None:
+            self._start()
+        with self._lock:
+            full = self._queued - self._handled >= MAX_PENDING
+            if full:
+                self.dropped += 1
             else:
                 self._queued += 1
-                full = False
         if full:
             self._log_dropped(at_most_every=_DROP_LOG_INTERVAL_S)
         else:
-            self._queue.put(item)
+            self._queue.put(call)
 
     def _log_dropped(self, at_most_every: float = 0.0) -> None:
         now = time.monotonic()
@@ -616,10 +631,12 @@ class _Worker:
         self._dropped_logged, self._last_drop_log = self.dropped, now
         logger.warning(
             "aiocop: %d event(s) dropped (%d in all): the slow-task callbacks run slower than events arrive "
-            "(delivery='thread' keeps at most %d waiting); make them faster, or sample fewer requests",
+            "(delivery='thread' keeps at most %d waiting, and stop() delivers for %.0f s); make them faster, "
+            "or sample fewer requests",
             new,
             self.dropped,
             MAX_PENDING,
+            DRAIN_S,
         )
 
     def _start(self) -> None:
@@ -634,20 +651,23 @@ class _Worker:
             if item is _SHUTDOWN:
                 return
             if isinstance(item, threading.Event):
+                if item is self._discard_until:
+                    self._discard_until = None
                 item.set()
                 continue
+            steps = 1 if callable(item) else len(item)
             try:
-                self._handle(item)
+                if self._discard_until is not None:
+                    with self._lock:  # loop threads count their drops too (in submit)
+                        self.dropped += steps
+                else:
+                    self._handle(item)
             except BaseException:  # this thread must outlive anything a delivery raises
                 _hook._internal_error("delivering off the loop")
             finally:
-                self._handled += 1
+                self._handled += steps
 
     def _handle(self, item: list[StepGroup] | Callable[[], None]) -> None:
-        if self._discarding:
-            with self._lock:  # loop threads count their drops too (in _put)
-                self.dropped += 1 if callable(item) else len(item)
-            return
         if callable(item):
             item()
             return
@@ -666,9 +686,11 @@ class _Worker:
         self._queue.put(done)
         return done.wait(timeout)
 
-    def drain(self, timeout: float = 5.0) -> None:
-        """Deliver what is queued, within `timeout`; drop (count, log) what is left; return with no callback running.
+    def drain(self, timeout: float = DRAIN_S) -> None:
+        """Deliver what is queued, within `timeout`; drop (count, log) what is left; no callback starts after.
 
+        The callback running when time is up is waited for (up to
+        `_CALLBACK_WAIT_S`): returns within `timeout` plus that callback.
         Then deliver what was never scheduled, on this thread.
         """
         thread = self._thread
@@ -676,13 +698,17 @@ class _Worker:
             done = threading.Event()
             self._queue.put(done)
             if not done.wait(timeout):
-                # Out of time: the rest is dropped, quickly; only the callback
-                # running now is waited for, so none runs after stop() returns.
-                self._discarding = True
-                try:
-                    done.wait(timeout)
-                finally:
-                    self._discarding = False
+                # Out of time: the rest, up to the marker, is dropped by the
+                # worker (quickly); only the callback running now is waited for.
+                self._discard_until = done
+                if done.is_set():  # the worker reached the marker meanwhile: nothing left to drop
+                    self._discard_until = None
+                elif not done.wait(_CALLBACK_WAIT_S):
+                    logger.warning(
+                        "aiocop: a slow-task callback has been running for over %.0f s; stop() returns without "
+                        "waiting for it (no other callback will start)",
+                        timeout + _CALLBACK_WAIT_S,
+                    )
         self._log_dropped()
         for group in _claim_all(list(_hook.unclaimed)):
             if not group.t_end:

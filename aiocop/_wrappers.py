@@ -8,15 +8,14 @@ event loop, and otherwise calls the original at once. Events are only raised
 on threads that run an event loop.
 
 A wrapper must be indistinguishable from what it replaces: it hands its event
-to aiocop's hook directly (other audit hooks see only what CPython raises), a
-builtin's stand-in is never bound as a method and pickles as the original
-(`BuiltinLike`), and it joins every `os.supports_*` set its original is in.
+to aiocop's hook directly (other audit hooks see only what CPython raises), it
+is dressed as the original and stays the same object wherever it is kept
+(`_standin`), and it joins every `os.supports_*` set its original is in.
 """
 
 from __future__ import annotations
 
 import _thread
-import functools
 import importlib
 import logging
 import os
@@ -24,17 +23,23 @@ import select
 import socket as _socket_module
 import sys
 import threading
-import types
 from asyncio import _get_running_loop as get_running_loop
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from aiocop import _typepatch
+from aiocop import _reload, _standin, _typepatch
 
 if TYPE_CHECKING:
+    import types
     from collections.abc import Callable, Iterable
 
 logger = logging.getLogger("aiocop")
+
+# pytest leaves the frames of this module out of the tracebacks it shows: a
+# call through a wrapper fails at the caller's line, as without aiocop. A
+# module global, read by pytest only when it formats a traceback: the
+# wrappers pay nothing for it.
+__tracebackhide__ = True
 
 Kind = Literal[
     "path",
@@ -263,10 +268,10 @@ _C_ACQUIRE: dict[type, Callable[..., Any]] = {
 }
 
 
-def _c_acquire(lock: Any) -> Callable[..., Any]:
+def _c_acquire(lock: Any) -> Callable[..., Any] | None:
     acquire = _C_ACQUIRE.get(type(lock))
-    if acquire is None:  # a subclass: the C type it derives from
-        acquire = next(_C_ACQUIRE[cls] for cls in type(lock).__mro__ if cls in _C_ACQUIRE)
+    if acquire is None:  # a subclass: the C type it derives from (None: not a lock, the original says so)
+        acquire = next((_C_ACQUIRE[cls] for cls in type(lock).__mro__ if cls in _C_ACQUIRE), None)
     return acquire
 
 
@@ -274,15 +279,13 @@ def _lock_enter(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any, *args: Any) -> bool:
         if args or get_running_loop() is None:  # `with` gives none (and an empty tuple is free)
             return original(self, *args)  # type: ignore[no-any-return]
-        if _c_acquire(self)(self, False):
-            return True
+        acquire = _c_acquire(self)
+        if acquire is None or acquire(self, False):
+            return original(self) if acquire is None else True
         _audit_hook(event, (None,))
         return original(self)  # type: ignore[no-any-return]
 
     return wrapper
-
-
-_event_is_set = threading.Event.is_set  # the base method: a subclass's override is not called
 
 
 def _timeout_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
@@ -295,7 +298,9 @@ def _timeout_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, An
 def _event_wait(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> bool:
         usual, timeout = _timeout_of(args, kwargs)
-        if usual and _may_wait(timeout) and not _event_is_set(self) and get_running_loop() is not None:
+        # The flag Event.is_set reads (a subclass's override is not called); an
+        # object with none is no event: the original raises its own error.
+        if usual and _may_wait(timeout) and not getattr(self, "_flag", True) and get_running_loop() is not None:
             _audit_hook(event, (timeout,))
         return original(self, *args, **kwargs)  # type: ignore[no-any-return]
 
@@ -332,7 +337,12 @@ def _queue_get(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 
 def _queue_put(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any, item: Any, block: Any = True, timeout: Any = None) -> None:
-        if block and _may_wait(timeout) and 0 < self.maxsize <= _queue_size(self) and get_running_loop() is not None:
+        if (
+            block
+            and _may_wait(timeout)
+            and 0 < getattr(self, "maxsize", 0) <= _queue_size(self)  # no maxsize: no queue, the original says so
+            and get_running_loop() is not None
+        ):
             _audit_hook(event, (timeout,))
         return original(self, item, block, timeout)  # type: ignore[no-any-return]
 
@@ -355,64 +365,6 @@ _FACTORIES: dict[str, Callable[[Callable[..., Any], str], Callable[..., Any]]] =
     "queue_get": _queue_get,
     "queue_put": _queue_put,
 }
-
-
-class BuiltinLike(staticmethod):  # type: ignore[type-arg]
-    """The stand-in for a builtin function: called as it is, never bound, pickled and copied as the original.
-
-    A builtin is not a descriptor: `sleep = time.sleep` in a class body stays a
-    plain function of the instances. A Python function would become a method
-    there (and be given `self`); a staticmethod is called directly (in C, with
-    no frame of its own) and is never bound. Its name, qualified name, module
-    and docstring come from the wrapped function, which has the original's.
-    """
-
-    __slots__ = ()
-    _reference: str  # "module:name" it was patched under, in the instance's own __dict__ (staticmethods have one)
-
-    @property
-    def original(self) -> Any:
-        return self.__wrapped__.__wrapped__  # type: ignore[attr-defined] # set by functools.wraps
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # By reference to the name it was patched under ("os:stat"): it
-        # unpickles anywhere, aiocop or not, to whatever that name holds there
-        # (the original, or this stand-in where aiocop runs), as the builtin
-        # itself would.
-        import pkgutil  # noqa: PLC0415 - only when pickled
-
-        return (pkgutil.resolve_name, (self._reference,))
-
-    def __copy__(self) -> BuiltinLike:
-        return self  # functions are atomic to `copy`
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> BuiltinLike:
-        return self
-
-    def __repr__(self) -> str:
-        return repr(self.original)
-
-
-def _stand_in(original: Any, wrapper: Callable[..., Any], owner: Any) -> Any:
-    """`wrapper` dressed as `original`, as `owner` will hold it."""
-    functools.wraps(original)(wrapper)
-    if hasattr(original, "__text_signature__"):  # what inspect.signature reads of a builtin
-        wrapper.__text_signature__ = original.__text_signature__  # type: ignore[attr-defined]
-    if isinstance(owner, type):
-        # A method: a function binds like the C method it replaces. A C
-        # method has no module of its own; a function always has the
-        # attribute, so None says the same (and pickle, finding None, looks
-        # the qualified name up in every module: the owner's holds the wrapper).
-        if not hasattr(original, "__module__"):
-            wrapper.__module__ = None  # type: ignore[assignment]
-        return wrapper
-    if isinstance(original, types.FunctionType):
-        return wrapper
-    stand_in = BuiltinLike(wrapper)
-    stand_in._reference = f"{owner.__name__}:{original.__name__}"
-    if hasattr(original, "__text_signature__"):
-        stand_in.__text_signature__ = original.__text_signature__  # type: ignore[attr-defined] # its own __dict__
-    return stand_in
 
 
 # The standard library's feature checks (`os.stat in os.supports_follow_symlinks`,
@@ -473,15 +425,18 @@ def patch_audit_functions(exclude: Iterable[str] = ()) -> None:
     unknown = excluded - {t.name for t in PATCH_TARGETS}
     if unknown:
         raise ValueError(f"unknown patch target(s) {sorted(unknown)}; see aiocop.get_patched_functions()")
-    global _applied_exclusions
     if _applied and excluded == _applied_exclusions:
         # As 1.x: the same call again changes nothing (and the patched
         # functions keep their identity); other exclusions re-apply.
         logger.warning("aiocop: patch_audit_functions called more than once with the same exclusions; ignored")
         return
     unpatch_audit_functions()
-    _applied_exclusions = frozenset(excluded)
-    global _audit_hook
+    _apply(frozenset(excluded))
+
+
+def _apply(excluded: frozenset[str]) -> None:
+    global _applied_exclusions, _audit_hook
+    _applied_exclusions = excluded
     from aiocop._hook import audit_hook  # noqa: PLC0415 - _hook imports this module
 
     _audit_hook = audit_hook
@@ -493,8 +448,12 @@ def patch_audit_functions(exclude: Iterable[str] = ()) -> None:
             if owner is None or not hasattr(owner, target.attr):
                 continue  # not on this platform
             original = getattr(owner, target.attr)
+            key = (target.owner, target.attr)
+            kept = _standin.kept_objects.get(key)
+            if kept is not None and original is kept[1]:
+                original = kept[0]  # our own stand-in, left there by another tool since: what it stands for
             own_attr = target.attr in vars(owner)
-            wrapper = _stand_in(original, _FACTORIES[target.kind](original, target.event), owner)
+            wrapper = _standin.dress(key, original, _FACTORIES[target.kind](original, target.event), owner)
             _typepatch.set_type_attr(owner, target.attr, wrapper) if isinstance(owner, type) else setattr(
                 owner, target.attr, wrapper
             )
@@ -503,6 +462,20 @@ def patch_audit_functions(exclude: Iterable[str] = ()) -> None:
             continue
         feature_sets = _join_feature_sets(original, wrapper) if owner is os else []
         _applied.append(_Patch(target, owner, original, own_attr, wrapper, feature_sets))
+    if _applied:
+        _reload.install(_after_reload)
+
+
+def _after_reload(module: types.ModuleType) -> None:
+    # importlib.reload() ran a patched module's code again: its functions
+    # are the originals again, its classes new ones. Wrap them again, with
+    # the same exclusions (the stand-ins kept, so `os.stat` is the object
+    # it was before the reload).
+    name = getattr(module, "__name__", None)
+    if any(p.target.owner.partition(":")[0] == name for p in _applied):
+        excluded = _applied_exclusions
+        unpatch_audit_functions()
+        _apply(excluded)
 
 
 # The exclusions the patches in force were applied with.
@@ -511,14 +484,18 @@ _applied_exclusions: frozenset[str] = frozenset()
 
 def unpatch_audit_functions() -> None:
     """Restore every function `patch_audit_functions` wrapped."""
+    _reload.uninstall()
     left: list[str] = []  # replaced by another tool since: not ours to restore
     while _applied:
         patch = _applied.pop()
+        _standin.pass_through(patch.wrapper, patch.original)  # wherever the program kept it
         for features in patch.feature_sets:
             features.discard(patch.wrapper)
         owner, attr = patch.owner, patch.target.attr
-        if getattr(owner, attr, None) is not patch.wrapper:
-            left.append(patch.target.name)
+        now = getattr(owner, attr, None)
+        if now is not patch.wrapper:
+            if now is not patch.original:  # (the original again: a reload put it back, nothing to do)
+                left.append(patch.target.name)
             continue
         if isinstance(owner, type):
             if patch.own_attr:

@@ -9,8 +9,11 @@ and message. tests/test_transparency.py runs both and compares every line.
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import concurrent.futures
+import dataclasses
+import importlib
 import inspect
 import io
 import multiprocessing
@@ -18,6 +21,7 @@ import os
 import pathlib
 import pickle
 import queue
+import re
 import select
 import selectors
 import shutil
@@ -28,12 +32,29 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
+import typing
+import weakref
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 IDIOMS: dict[str, Callable[[str], Any]] = {}
+
+# The idioms whose outcome aiocop changes, each listed with its reason in
+# docs/concepts/guarantees.md ("Not promised"); every other idiom must give
+# the same outcome with aiocop and without.
+DOCUMENTED_DIFFERENCES = frozenset(
+    {
+        "builtin_types",
+        "c_methods_given_no_arguments",
+        "recursion_limit",
+        "traceback_frames",
+        "unpicklable_methods_pickled",
+        "weak_references_to_c_methods",
+    }
+)
 
 
 def idiom(func: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -476,6 +497,233 @@ def as_class_attributes(work: str) -> Any:
     backoff = Backoff()
     backoff.sleep(0)
     return backoff.stat(work).st_mode == os.stat(work).st_mode, backoff.cwd() == os.getcwd()
+
+
+# --- where programs keep functions, and what frameworks read of them -----------------------
+
+
+def _functions() -> dict[str, Any]:
+    # Every module function aiocop may wrap (C builtins), read at the time of
+    # the call (with detection on, the wrappers).
+    return {
+        "os.stat": os.stat,
+        "os.lstat": os.lstat,
+        "os.access": os.access,
+        "os.statvfs": os.statvfs,
+        "os.readlink": os.readlink,
+        "os.getcwd": os.getcwd,
+        "os.sendfile": os.sendfile,
+        "os.read": os.read,
+        "os.write": os.write,
+        "time.sleep": time.sleep,
+        "select.select": select.select,
+    }
+
+
+def _c_methods() -> dict[str, Any]:
+    # Every C method aiocop may wrap (with a Python function).
+    return {
+        "poll.poll": type(select.poll()).poll,
+        "socket.send": socket.socket.send,
+        "socket.recv": socket.socket.recv,
+        "LockType.acquire": _thread.LockType.acquire,
+        "LockType.__enter__": _thread.LockType.__enter__,
+        "RLock.acquire": _thread.RLock.acquire,
+        "RLock.__enter__": _thread.RLock.__enter__,
+    }
+
+
+def _methods() -> dict[str, Any]:
+    # Every method aiocop may wrap: C methods, then Python ones.
+    return {
+        **_c_methods(),
+        "socket.accept": socket.socket.accept,
+        "ssl.read": __import__("ssl").SSLSocket.read,
+        "Event.wait": threading.Event.wait,
+        "Condition.wait": threading.Condition.wait,
+        "Queue.get": queue.Queue.get,
+        "Queue.put": queue.Queue.put,
+    }
+
+
+def _each(check: Callable[[Any], Any], functions: dict[str, Any] | None = None) -> list[str]:
+    outcomes = []
+    for name, func in (functions if functions is not None else {**_functions(), **_methods()}).items():
+        try:
+            outcome = f"{name}: {check(func)!r}"
+        except Exception as error:
+            outcome = f"{name}: {type(error).__name__}: {error}"
+        outcomes.append(re.sub(r" at 0x[0-9a-f]+", " at 0x...", outcome))
+    return outcomes
+
+
+def _but(names: dict[str, Any], leave_out: dict[str, Any]) -> dict[str, Any]:
+    return {name: func for name, func in names.items() if name not in leave_out}
+
+
+# C methods of types that cannot be pickled (so neither can the methods).
+_UNPICKLABLE = ("poll.poll", "LockType.acquire", "LockType.__enter__")
+
+
+def _holder(func: Any) -> Any:
+    return type("Holder", (), {"kept": func})
+
+
+@idiom
+def kept_as_class_attributes(work: str) -> Any:
+    # A class made now (after aiocop started, with it on) keeps each function:
+    # read back from the class it is the same object, with the same repr.
+    return _each(lambda func: (_holder(func).kept is func, repr(_holder(func).kept) == repr(func)))
+
+
+@idiom
+def functions_kept_on_instances(work: str) -> Any:
+    # A builtin read from an instance stays itself (it is no descriptor).
+    return _each(lambda func: _holder(func)().kept is func, _functions())
+
+
+@idiom
+def methods_kept_on_instances_of_another_class(work: str) -> Any:
+    # A method binds to an instance, and fails when called with it.
+    return _each(lambda func: _holder(func)().kept(), _methods())
+
+
+@dataclasses.dataclass
+class _Opener:
+    opener: Any = None
+
+
+def _dataclass_default(func: Any) -> Any:
+    return dataclasses.make_dataclass("Config", [("opener", Any, dataclasses.field(default=func))])().opener
+
+
+@idiom
+def kept_as_dataclass_defaults(work: str) -> Any:
+    # `opener: Callable = os.stat` in a dataclass made now.
+    return _each(lambda func: _dataclass_default(func) is func)
+
+
+@idiom
+def dataclass_configs_pickled(work: str) -> Any:
+    # ... and the config pickled (as to a process pool): the same object comes back.
+    def check(func: Any) -> Any:
+        return pickle.loads(pickle.dumps(_Opener(_dataclass_default(func)))).opener is func
+
+    everything = {**_functions(), **_methods()}
+    return _each(check, {name: everything[name] for name in everything if name not in _UNPICKLABLE})
+
+
+@idiom
+def unpicklable_methods_pickled(work: str) -> Any:
+    # Documented: the same PicklingError, with another message.
+    return _each(pickle.dumps, {name: _c_methods()[name] for name in _UNPICKLABLE})
+
+
+@idiom
+def config_with_a_wrapped_function_to_a_process_pool(work: str) -> Any:
+    with concurrent.futures.ProcessPoolExecutor(1) as pool:
+        return pool.submit(_open_with, _Opener(os.stat), work).result()
+
+
+def _open_with(config: Any, path: str) -> bool:
+    return bool(config.opener(path).st_mode == os.lstat(path).st_mode)
+
+
+@idiom
+def type_hints(work: str) -> Any:
+    # What dependency injection, validate_call and CLI builders read.
+    return _each(typing.get_type_hints)
+
+
+@idiom
+def weak_references(work: str) -> Any:
+    return _each(lambda func: weakref.ref(func)() is func, {**_functions(), **_but(_methods(), _c_methods())})
+
+
+@idiom
+def weak_references_to_c_methods(work: str) -> Any:
+    # Documented: a C method takes none, its Python wrapper does.
+    return _each(lambda func: weakref.ref(func)() is func, _c_methods())
+
+
+@idiom
+def wrong_self_or_argument(work: str) -> Any:
+    # Each called with an object of the wrong type: the original's error and message.
+    return _each(lambda func: func(object()))
+
+
+@idiom
+def functions_given_no_arguments(work: str) -> Any:
+    return _each(lambda func: func() if func is not os.getcwd else "skipped: takes none", _functions())
+
+
+@idiom
+def python_methods_given_no_arguments(work: str) -> Any:
+    return _each(lambda func: func(), _but(_methods(), _c_methods()))
+
+
+@idiom
+def c_methods_given_no_arguments(work: str) -> Any:
+    # Documented: the same TypeError, with another message.
+    return _each(lambda func: func(), _c_methods())
+
+
+@idiom
+def builtin_types(work: str) -> Any:
+    # Documented: a wrapped builtin is aiocop's stand-in, not a builtin.
+    return _each(lambda func: (type(func).__name__, inspect.isbuiltin(func)), _functions())
+
+
+@idiom
+def traceback_frames(work: str) -> Any:
+    # Documented: one frame more (aiocop's wrapper), hidden by pytest.
+    try:
+        os.stat(os.path.join(work, "missing"))
+    except OSError as error:
+        return [frame.name for frame in traceback.extract_tb(error.__traceback__)]
+    return None
+
+
+@idiom
+def traceback_frames_outside_aiocop(work: str) -> Any:
+    # The frames an error tracker shows as the application's (and pytest shows at all).
+    try:
+        os.stat(os.path.join(work, "missing"))
+    except OSError as error:
+        return [
+            frame.name
+            for frame in traceback.extract_tb(error.__traceback__)
+            if f"{os.sep}aiocop{os.sep}" not in frame.filename
+        ]
+    return None
+
+
+@idiom
+def recursion_limit(work: str) -> Any:
+    # Documented: a detected call inside a task runs aiocop's hook on top of
+    # it, a few frames nearer the limit.
+    def deeper(n: int) -> int:
+        try:
+            os.stat(work)
+            return deeper(n + 1)
+        except RecursionError:
+            return n
+
+    return deeper(0)
+
+
+@idiom
+def reload_patched_modules(work: str) -> Any:
+    # importlib.reload of modules aiocop patched: they work as before, and
+    # os.stat is the object it was.
+    before = os.stat
+    for name in ("os", "socket", "queue", "select", "time"):
+        importlib.reload(sys.modules[name])
+    a, b = socket.socketpair()
+    with a, b:
+        b.send(b"x")
+        got = a.recv(1)
+    return os.stat is before, got, os.stat(work).st_mode == os.lstat(work).st_mode
 
 
 # --- the runner ----------------------------------------------------------------------------
