@@ -128,9 +128,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in _pytest_settings.MARKERS:
         config.addinivalue_line("markers", line)
-    settings = _pytest_settings.read(config)  # checked even when off: a typo is an error either way
-    if not settings.enabled:
+    # Switched off, nothing of aiocop's is read: not its ini keys, not
+    # [tool.aiocop], not a baseline (a file planted in a parent folder must
+    # not break a run that never asked for aiocop).
+    if not _pytest_settings.enabled(config):
         return
+    settings = _pytest_settings.read(config)
     session = _Session(settings)
     session.start()
     config.stash[_SESSION] = session
@@ -153,12 +156,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # Markers are read here, once per test, so that a bad one is a usage
     # error before anything runs rather than a failure halfway through.
     session = config.stash.get(_SESSION, None)
+    if session is None:  # switched off: markers are not read either
+        return
     for item in items:
-        if session is None:
-            _pytest_settings.marker_rules(item)
-            _pytest_settings.marker_check(item)
-        else:
-            item.stash[_TEST] = _test_state(item, session.settings)
+        item.stash[_TEST] = _test_state(item, session.settings)
 
 
 def _test_state(item: pytest.Item, settings: Settings) -> _TestState:
