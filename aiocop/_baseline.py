@@ -70,7 +70,7 @@ def read(path: str) -> frozenset[Key]:
     """
     where = f"baseline {path!r}"
     try:
-        data, _ = read_file(path, MAX_BYTES)
+        data = read_file(path, MAX_BYTES)
     except FileNotFoundError:
         raise BaselineError(
             f"{where}: no such file (record one first with --write-baseline, or --aiocop-write-baseline under pytest)"

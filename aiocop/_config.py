@@ -32,7 +32,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from aiocop._inputs import InputError, read_file, shown, untrusted
+from aiocop._inputs import InputError, UntrustedError, printable, read_file, shown
 from aiocop._validate import did_you_mean
 
 if sys.version_info >= (3, 11):
@@ -156,46 +156,45 @@ def read_config(
         if found is None:
             return ProjectConfig()
         file, origin = found, ""
-    data, status = _read(file, origin)
-    if not origin:  # found by searching: it must be the user's (an explicit name is trusted as given)
-        reason = untrusted(status)
-        if reason is not None:
-            source = os.path.abspath(file)
-            if source not in _warned:
-                _warned.add(source)
-                warn(
-                    f"aiocop: ignoring {source}: {reason}; going on with the defaults (set {ENV_VAR} to its path "
-                    "to use it anyway)"
-                )
-            return ProjectConfig()
-    return _parse_document(data, os.path.abspath(file))
-
-
-def _read(file: str, origin: str) -> tuple[bytes, os.stat_result]:
+    source = os.path.abspath(file)
     try:
-        return read_file(file, MAX_CONFIG_BYTES)
+        # Found by searching (no origin), it must be the user's; a file named explicitly is trusted as given.
+        data = read_file(file, MAX_CONFIG_BYTES, found=not origin)
+    except UntrustedError as exc:
+        if source not in _warned:
+            _warned.add(source)
+            warn(
+                f"aiocop: ignoring {printable(source)}: {exc}; going on with the defaults (set {ENV_VAR} to its "
+                "path to use it anyway)"
+            )
+        return ProjectConfig()
     except FileNotFoundError:
-        raise ConfigError(f"{origin or file}: no such file: {file!r}") from None
+        raise ConfigError(f"{printable(origin or file)}: no such file: {file!r}") from None
     except OSError as exc:
-        raise ConfigError(f"{file}: cannot read it: {exc.strerror or exc}") from None
+        raise ConfigError(f"{printable(file)}: cannot read it: {exc.strerror or exc}") from None
     except InputError as exc:
-        raise ConfigError(f"{file}: {exc}") from None
+        raise ConfigError(f"{printable(file)}: {exc}") from None
+    return _parse_document(data, source)
 
 
 def _parse_document(data: bytes, source: str) -> ProjectConfig:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{source}: not UTF-8 text, as TOML must be ({exc.reason} at byte {exc.start})") from None
+        raise ConfigError(
+            f"{printable(source)}: not UTF-8 text, as TOML must be ({exc.reason} at byte {exc.start})"
+        ) from None
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+        raise ConfigError(f"{printable(source)}: not valid TOML: {exc}") from None
     except RecursionError:
-        raise ConfigError(f"{source}: not valid TOML: nested too deeply") from None
+        raise ConfigError(f"{printable(source)}: not valid TOML: nested too deeply") from None
     tool = document.get("tool", {})
     if not isinstance(tool, dict):
-        raise ConfigError(f"{source}: 'tool' must be a table ([tool.aiocop] is read from it), got {shown(tool)}")
+        raise ConfigError(
+            f"{printable(source)}: 'tool' must be a table ([tool.aiocop] is read from it), got {shown(tool)}"
+        )
     table = tool.get("aiocop")
     if table is None:
         return ProjectConfig(source=source)
@@ -204,7 +203,7 @@ def _parse_document(data: bytes, source: str) -> ProjectConfig:
 
 def parse_table(table: object, source: str) -> ProjectConfig:
     """Check a `[tool.aiocop]` table read from `source` (relative paths are from its folder)."""
-    where = f"{source} [tool.aiocop]"
+    where = f"{printable(source)} [tool.aiocop]"
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: expected a table, got {shown(table)}")
     root = os.path.dirname(source)

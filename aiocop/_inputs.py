@@ -35,11 +35,23 @@ class InputError(ValueError):
     """A file that is not one aiocop reads: not a regular file, or too large. The message says which."""
 
 
-def read_file(path: str, limit: int) -> tuple[bytes, os.stat_result]:
-    """The bytes of a regular file of at most `limit` bytes, and its status (raises OSError, InputError)."""
+class UntrustedError(InputError):
+    """A file found by searching that another user could have planted: ignored, with a warning."""
+
+
+def read_file(path: str, limit: int, *, found: bool = False) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (raises OSError, InputError).
+
+    `found`: the file was found by searching, not named by the user: it must
+    also be trusted (raises `UntrustedError`, checked first: a planted file is
+    ignored whatever it is).
+    """
     fd = os.open(path, _OPEN_FLAGS)
     try:
         status = os.fstat(fd)  # of what was opened: no window for a swap after a check
+        reason = untrusted(status) if found else None
+        if reason is not None:
+            raise UntrustedError(reason)
         if not stat.S_ISREG(status.st_mode):
             kind = next((name for test, name in _KINDS if test(status.st_mode)), "not a regular file")
             raise InputError(f"it is {kind}, not a regular file")
@@ -55,7 +67,7 @@ def read_file(path: str, limit: int) -> tuple[bytes, os.stat_result]:
             size += len(chunk)
         if size > limit:
             raise InputError(f"it is more than the {limit} bytes aiocop reads")
-        return b"".join(chunks), status
+        return b"".join(chunks)
     finally:
         os.close(fd)
 
@@ -81,6 +93,13 @@ _repr.maxstring = 80
 _repr.maxother = 80
 _repr.maxlist = _repr.maxdict = _repr.maxtuple = 6
 _repr.maxlevel = 3
+
+
+def printable(text: str) -> str:
+    """`text` as it may be printed: control characters (a terminal's escape sequences) escaped."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def shown(value: object) -> str:

@@ -276,7 +276,10 @@ def read(config: pytest.Config) -> Settings:
 def _project(config: pytest.Config) -> ProjectConfig:
     # The file AIOCOP_CONFIG names, else the project's pyproject.toml, from the rootdir up.
     def warn(message: str) -> None:
-        config.issue_config_time_warning(pytest.PytestConfigWarning(message), stacklevel=2)
+        try:
+            config.issue_config_time_warning(pytest.PytestConfigWarning(message), stacklevel=2)
+        except pytest.PytestConfigWarning:  # filterwarnings = error: the user's choice, said as a usage error
+            raise pytest.UsageError(f"{message} [a warning, which the warning filters make an error]") from None
 
     try:
         return read_config(None, start=config.rootpath, warn=warn)
@@ -286,7 +289,10 @@ def _project(config: pytest.Config) -> ProjectConfig:
 
 def _baselines(config: pytest.Config, project: ProjectConfig) -> dict[str, Any]:
     write = config.getoption("aiocop_write_baseline")
-    if write:
+    if write is not None:
+        if not write.strip() or os.path.isdir(write):
+            what = "a directory" if write.strip() else "empty"
+            raise pytest.UsageError(f"--aiocop-write-baseline: expected a file name, got {write!r} ({what})")
         return {"write_baseline": os.path.abspath(write)}
     named = config.getoption("aiocop_baseline") or config.getini("aiocop_baseline")
     # A relative file is the rootdir's (os.path.join keeps an absolute one as it is).

@@ -469,6 +469,13 @@ def test_a_found_file_of_another_user_is_ignored_with_one_warning(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert load_config() == ProjectConfig()  # warned once, not at every read
+    # Checked before anything else: another user's file is ignored whatever it is (here: too large).
+    monkeypatch.setattr(_config, "MAX_CONFIG_BYTES", 10)
+    _config._warned.clear()
+    with pytest.warns(UserWarning, match="it belongs to another user"):
+        assert load_config() == ProjectConfig()
+    monkeypatch.undo()
+    owned_by_someone_else(path, monkeypatch)
     # Named by the user, it is read (and here refused for what it says).
     with pytest.raises(ConfigError, match="threshold_ms: expected a number"):
         load_config(path)
@@ -681,6 +688,11 @@ def test_aiocop_under_a_parent_planted_by_another_user_ignores_it_with_a_warning
         assert result.returncode == 1, result.stdout + result.stderr  # the blocking test fails: defaults apply
         assert "1 failed" in result.stdout and warning in result.stdout
         assert result.stdout.count(warning) == 1
+    if kind == "allow-everything":  # a suite whose warnings are errors: a usage error, never INTERNALERROR
+        strict = run_pytest(project, "--aiocop", "-W", "error::pytest.PytestConfigWarning")
+        assert strict.returncode == 4, strict.stdout + strict.stderr
+        assert f"ERROR: {warning}" in strict.stderr and "which the warning filters make an error" in strict.stderr
+        assert "INTERNALERROR" not in strict.stdout + strict.stderr
     cli = aiocop_run("run", "--fail-on", "low", "prog.py", cwd=project)
     assert cli.returncode == 3, cli.stderr  # the planted allow-everything rule did not switch the gate off
     assert cli.stderr.count(warning) == 1
@@ -697,3 +709,15 @@ def test_pytest_refuses_blank_allow_rules_in_its_ini(pytester: pytest.Pytester) 
     result = pytester.runpytest_subprocess("--aiocop", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: aiocop_allow (ini): in rule '# TODO: decide': the rule is only a comment*"])
+
+
+def test_a_path_is_printed_with_its_control_characters_escaped(tmp_path: Path) -> None:
+    # A folder name can carry a terminal's escape sequences: a message never prints them raw.
+    folder = tmp_path / "evil\x1b[2J\x07"
+    folder.mkdir()
+    path = pyproject(folder, 'fail_on = "x\\u001b[31m"')  # a TOML escape: the value holds ESC
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    message = str(raised.value)
+    assert "\x1b" not in message and "\x07" not in message
+    assert "evil\\x1b[2J\\x07" in message and "'x\\x1b[31m'" in message

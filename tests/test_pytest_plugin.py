@@ -1012,3 +1012,15 @@ def test_plugin_off_reads_nothing_of_aiocops(pytester: pytest.Pytester, monkeypa
     on = run(pytester, "--aiocop", ini=ini)
     assert on.ret == pytest.ExitCode.USAGE_ERROR
     on.stderr.fnmatch_lines([f"ERROR: {fifo}: it is a FIFO (named pipe), not a regular file"])
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux) to fail the write at the end")
+def test_a_baseline_that_cannot_be_written_fails_the_run(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
+    result = run(pytester, "--aiocop", "--aiocop-write-baseline=/dev/full")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(["aiocop: could not write the baseline /dev/full: [[]Errno 28[]] No space left*"])
+    for bad in ("", "."):
+        refused = run(pytester, "--aiocop", f"--aiocop-write-baseline={bad}")
+        assert refused.ret == pytest.ExitCode.USAGE_ERROR
+        refused.stderr.fnmatch_lines([f"ERROR: --aiocop-write-baseline: expected a file name, got {bad!r}*"])
