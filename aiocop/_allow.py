@@ -102,7 +102,7 @@ class AllowRule:
 
 EMPTY_RULE = (
     "an allow rule needs an event name or module=, path= or call_site= (an empty rule would allow every "
-    "blocking call); to allow every call, say so: everything=True"
+    "blocking call); to allow every call, say so: everything=True (everything = true in [tool.aiocop])"
 )
 
 
