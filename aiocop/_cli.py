@@ -333,7 +333,7 @@ class Resolved:
 
 def _resolve(settings: argparse.Namespace, parser: argparse.ArgumentParser) -> Resolved:
     try:
-        project = read_config(settings.config, warn=_warn)
+        project = read_config(settings.config, warn=_warn, named_by="--config")
     except ConfigError as exc:
         _usage_error(parser, str(exc))
     cwd = os.getcwd()

@@ -145,10 +145,14 @@ def read_config(
     *,
     start: str | os.PathLike[str] | None = None,
     warn: Callable[[str], None],
+    named_by: str = "path",
 ) -> ProjectConfig:
-    """`load_config`, searching from `start` and telling `warn` (once per file) of a file it ignores."""
+    """`load_config`, searching from `start` and telling `warn` (once per file) of a file it ignores.
+
+    `named_by`: what gave `path`, as error messages name it (`--config`).
+    """
     if path is not None:
-        file, origin = os.fspath(path), "path"
+        file, origin = os.fspath(path), named_by
     elif os.environ.get(ENV_VAR):
         file, origin = os.environ[ENV_VAR], ENV_VAR
     else:

@@ -46,6 +46,8 @@ def read_file(path: str, limit: int, *, found: bool = False) -> bytes:
     also be trusted (raises `UntrustedError`, checked first: a planted file is
     ignored whatever it is).
     """
+    if "\0" in path:  # os.open would raise ValueError, not OSError
+        raise InputError("a file name cannot hold a NUL character")
     fd = os.open(path, _OPEN_FLAGS)
     try:
         status = os.fstat(fd)  # of what was opened: no window for a swap after a check

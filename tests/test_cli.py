@@ -450,3 +450,12 @@ def test_attach_checks_its_environment_with_a_clear_error(value: str) -> None:
     assert "the environment variable AIOCOP_ATTACH_START_TIMEOUT_S: expected a number of seconds" in result.stderr
     assert repr(value) in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "message"), [("", "--config: no such file: ''"), ("nope.toml", "--config: no such file")]
+)
+def test_a_missing_config_is_named_by_its_flag(program: Path, value: str, message: str) -> None:
+    result = aiocop_run("run", "--config", value, program)
+    assert result.returncode == 2
+    assert message in result.stderr

@@ -732,3 +732,13 @@ def test_every_test_the_security_page_names_exists() -> None:
         f"{file}::{name}" for file, name in sorted(named) if f"def {name}(" not in (Path(ROOT) / file).read_text()
     ]
     assert missing == []
+
+
+def test_a_file_name_with_a_nul_is_refused_not_a_traceback(tmp_path: Path) -> None:
+    path = pyproject(tmp_path, 'baseline = "base\\u0000line.json"')  # TOML lets a string hold NUL
+    baseline = load_config(path).baseline
+    assert baseline is not None
+    with pytest.raises(_baseline.BaselineError, match="a file name cannot hold a NUL character"):
+        _baseline.read(baseline)
+    with pytest.raises(ConfigError, match="a file name cannot hold a NUL character"):
+        load_config(str(tmp_path / "py\0project.toml"))
