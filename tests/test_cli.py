@@ -407,15 +407,10 @@ def test_a_failed_output_keeps_a_worse_status(tmp_path: Path) -> None:
 
 
 def test_run_never_reads_the_attach_environment(program: Path) -> None:
+    # The attach command's variable, set wrong, once broke `run` at import.
     env = {**os.environ, "AIOCOP_ATTACH_START_TIMEOUT_S": "abc"}
     result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys, aiocop._cli; sys.exit(aiocop._cli.main(sys.argv[1:]) or 0)",
-            "run",
-            str(program),
-        ],
+        [sys.executable, "-m", "aiocop", "run", str(program)],
         capture_output=True,
         text=True,
         env=env,
