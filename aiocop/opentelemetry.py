@@ -359,23 +359,21 @@ class _Recorder:
 
     def on_call(self, record: Record) -> None:
         """A blocking call, as it is made: an event on the span current at the call (on the loop's thread)."""
+        # One frame, not two: this runs at every detected call (the try costs nothing until it catches).
         try:
-            self._span_event(record)
+            span = trace.get_current_span()
+            if not span.is_recording():  # no span, or an unsampled one
+                return
+            site = record_site(record)
+            sites = self.sites
+            if not self.span_limit.allow(sites.key(site)):
+                return
+            name, call = record_call(record)
+            span.add_event(
+                "aiocop.blocking_call", {**sites.with_extra(site, (("aiocop.event", name),)), "aiocop.call": call}
+            )
         except Exception as error:
             self.failed(error, "adding a span event")
-
-    def _span_event(self, record: Record) -> None:
-        span = trace.get_current_span()
-        if not span.is_recording():  # no span, or an unsampled one
-            return
-        site = record_site(record)
-        sites = self.sites
-        if not self.span_limit.allow(sites.key(site)):
-            return
-        name, call = record_call(record)
-        span.add_event(
-            "aiocop.blocking_call", {**sites.with_extra(site, (("aiocop.event", name),)), "aiocop.call": call}
-        )
 
     def _add_stall_event(self, event: SlowTaskEvent, site: str, seconds: float) -> None:
         # Delivered in the stalled task's context: its current span is the

@@ -18,7 +18,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from aiocop import _state, _watchdog
+from aiocop import _callbacks, _state, _watchdog
 from aiocop.opentelemetry import AiocopInstrumentor
 from tests import stalls
 from tests.conftest import reset_aiocop
@@ -90,11 +90,13 @@ class NoHistogramProvider:
 def test_a_provider_that_fails_at_instrument_is_named_and_nothing_starts(
     instrumentor: AiocopInstrumentor, provider: object, message: str
 ) -> None:
+    before = (_state.started, _watchdog.watchdog.running, _callbacks.listening())
     with pytest.raises(RuntimeError) as raised:
         instrumentor.instrument(meter_provider=provider)
     assert str(raised.value) == message
     assert raised.value.__cause__ is not None  # the provider's own error, for its traceback
-    assert not _state.started and not _watchdog.watchdog.running
+    assert (_state.started, _watchdog.watchdog.running, _callbacks.listening()) == before  # nothing started
+    assert not _watchdog.watchdog.running
     assert not instrumentor.is_instrumented_by_opentelemetry
 
 
@@ -108,9 +110,10 @@ def test_a_provider_that_fails_at_instrument_is_named_and_nothing_starts(
 def test_a_provider_of_the_wrong_kind_is_named(
     instrumentor: AiocopInstrumentor, options: dict[str, Any], message: str
 ) -> None:
+    before = (_state.started, _watchdog.watchdog.running, _callbacks.listening())
     with pytest.raises(TypeError, match=message.replace("(", r"\(").replace(")", r"\)")):
         instrumentor.instrument(**options)
-    assert not _state.started
+    assert (_state.started, _watchdog.watchdog.running, _callbacks.listening()) == before
 
 
 class FailingHistogram:
