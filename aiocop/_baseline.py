@@ -19,7 +19,7 @@ import os
 import re
 from typing import TYPE_CHECKING
 
-from aiocop._inputs import InputError, read_file, shown
+from aiocop._inputs import InputError, open_for_writing, read_file, shown
 from aiocop._report import STALL, app_site, call_site, site_key
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def write(path: str, counts: Mapping[Key, int]) -> None:
     }
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as stream:
+    with open_for_writing(path) as stream:
         json.dump(document, stream, indent=2)
         stream.write("\n")
 

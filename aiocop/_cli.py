@@ -19,6 +19,7 @@ import aiocop
 from aiocop import _baseline, _state
 from aiocop._config import MAX_THRESHOLD_MS, ConfigError, parse_allow_line, read_config
 from aiocop._frames import set_app_paths
+from aiocop._inputs import open_for_writing
 from aiocop._report import Summary, describe
 from aiocop._severity import level_rank
 
@@ -526,7 +527,7 @@ def _write_json(path: str, program: Program, status: int, summary: Summary) -> b
         **summary.to_dict(),
     }
     try:
-        with open(path, "w", encoding="utf-8") as out:
+        with open_for_writing(path) as out:
             json.dump(document, out, indent=2)
             out.write("\n")
     except OSError as error:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import reprlib
 import stat
+from typing import TextIO
 
 _OPEN_FLAGS = (
     os.O_RDONLY
@@ -72,6 +73,19 @@ def read_file(path: str, limit: int, *, found: bool = False) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def open_for_writing(path: str) -> TextIO:
+    """`open(path, "w")`, except that a FIFO nobody reads is an OSError (ENXIO) at once, not a wait for ever."""
+    nonblocking = getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | nonblocking | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        if nonblocking:
+            os.set_blocking(fd, True)  # opened: now write as usual (a pipe with a reader may fill up)
+        return open(fd, "w", encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def untrusted(status: os.stat_result) -> str | None:

@@ -454,3 +454,16 @@ def test_a_missing_config_is_named_by_its_flag(program: Path, value: str, messag
     result = aiocop_run("run", "--config", value, program)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs (POSIX)")
+def test_a_fifo_nobody_reads_fails_the_run_instead_of_hanging_it(program: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "report.json"
+    os.mkfifo(fifo)
+    for flag in ("--json", "--write-baseline"):
+        result = aiocop_run("run", flag, fifo, program)  # opening a FIFO to write would wait for a reader
+        assert result.returncode == 1, result.stderr
+        assert f"aiocop: could not write {flag} file: [Errno 6] No such device or address" in result.stderr
+    to_stdout = aiocop_run("run", "--json", "/dev/stdout", program)
+    assert to_stdout.returncode == 0, to_stdout.stderr
+    assert '"exit_status": 0' in to_stdout.stdout
