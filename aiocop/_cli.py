@@ -345,6 +345,8 @@ def _resolve(settings: argparse.Namespace, parser: argparse.ArgumentParser) -> R
         except ValueError as exc:
             _usage_error(parser, f"--allow: in rule {line!r}: {exc}")
     baseline: frozenset[tuple[str, str]] | None = None
+    if settings.baseline is not None and not settings.baseline.strip():
+        _usage_error(parser, f"--baseline: expected a file name, got {settings.baseline!r}")
     baseline_file = settings.baseline or project.baseline
     if baseline_file and not settings.write_baseline:
         try:

@@ -294,7 +294,10 @@ def _baselines(config: pytest.Config, project: ProjectConfig) -> dict[str, Any]:
             what = "a directory" if write.strip() else "empty"
             raise pytest.UsageError(f"--aiocop-write-baseline: expected a file name, got {write!r} ({what})")
         return {"write_baseline": os.path.abspath(write)}
-    named = config.getoption("aiocop_baseline") or config.getini("aiocop_baseline")
+    flag = config.getoption("aiocop_baseline")
+    if flag is not None and not flag.strip():
+        raise pytest.UsageError(f"--aiocop-baseline: expected a file name, got {flag!r}")
+    named = flag or config.getini("aiocop_baseline")
     # A relative file is the rootdir's (os.path.join keeps an absolute one as it is).
     file = os.path.join(str(config.rootpath), named) if named else project.baseline
     if not file:

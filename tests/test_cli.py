@@ -367,6 +367,7 @@ def test_a_test_suite_that_turns_warnings_into_errors_runs_under_the_cli(tmp_pat
         (("--config", "/dev/zero"), "/dev/zero: it is a character device, not a regular file"),
         (("--config", "."), ".: it is a directory, not a regular file"),
         (("--baseline", "/dev/zero"), "baseline '/dev/zero': it is a character device, not a regular file"),
+        (("--baseline", ""), "--baseline: expected a file name, got ''"),
     ],
 )
 def test_bad_run_settings_are_usage_errors(program: Path, args: tuple[str, ...], message: str) -> None:

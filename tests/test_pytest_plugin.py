@@ -831,6 +831,13 @@ def test_plugin_off_changes_nothing(pytester: pytest.Pytester, args: tuple[str, 
             id="threshold-inf",
         ),
         pytest.param(
+            ("--aiocop", "--aiocop-baseline="),
+            "",
+            "",
+            "--aiocop-baseline: expected a file name, got ''",
+            id="empty-baseline-flag",
+        ),
+        pytest.param(
             ("--aiocop", "--aiocop-allow="),
             "",
             "",
