@@ -28,7 +28,10 @@ class AllowRule:
 
     Every field that is set must match. `module`, `path` and `call_site` match
     when any frame of the step's stack (from the call up to the start of the
-    task step or callback) matches them.
+    task step or callback) matches them. A rule must say something: with no
+    event and no other field it is refused (`ValueError`), because a blank
+    rule read from a file or a flag would silently allow every blocking call.
+    A rule that matches every call is written `AllowRule(everything=True)`.
 
     Attributes:
         events: Event names (e.g. `"open"`, `"os.stat"`); empty means any event.
@@ -36,6 +39,7 @@ class AllowRule:
         path: A file path prefix, e.g. `"/app/vendor/"`.
         call_site: `"file.py:function"`: a frame of that function in a file
             whose path ends with `file.py`.
+        everything: Match every blocking call (and nothing else may be set).
 
     Added in 2.0.
     """
@@ -44,6 +48,7 @@ class AllowRule:
     module: str | None = None
     path: str | None = None
     call_site: str | None = None
+    everything: bool = False
     _site_file: str = field(default="", init=False, repr=False, compare=False)
     _site_func: str = field(default="", init=False, repr=False, compare=False)
 
@@ -59,6 +64,13 @@ class AllowRule:
                 raise ValueError(f"AllowRule.call_site must look like 'file.py:function', not {self.call_site!r}")
             object.__setattr__(self, "_site_file", file.replace("/", os.sep))
             object.__setattr__(self, "_site_func", func)
+        if not isinstance(self.everything, bool):
+            raise TypeError(f"AllowRule.everything must be True or False, not {self.everything!r}")
+        says_something = bool(self.events) or self.has_frame_condition
+        if self.everything and says_something:
+            raise ValueError(f"AllowRule(everything=True) matches every call: it takes no other field, got {self!r}")
+        if not self.everything and not says_something:
+            raise ValueError(EMPTY_RULE)
 
     def matches_frame(self, frame: FrameType) -> bool:
         module_globals = frame.f_globals
@@ -86,6 +98,12 @@ class AllowRule:
         if not self.has_frame_condition:
             return True
         return any(self.matches_frame(frame) for frame in frames)
+
+
+EMPTY_RULE = (
+    "an allow rule needs an event name or module=, path= or call_site= (an empty rule would allow every "
+    "blocking call); to allow every call, say so: everything=True (everything = true in [tool.aiocop])"
+)
 
 
 def _check_events(events: object) -> frozenset[str]:
@@ -207,12 +225,18 @@ def global_rules() -> tuple[AllowRule, ...]:
 
 
 def add_allow_rule(
-    *events: str | AllowRule, module: str | None = None, path: str | None = None, call_site: str | None = None
+    *events: str | AllowRule,
+    module: str | None = None,
+    path: str | None = None,
+    call_site: str | None = None,
+    everything: bool = False,
 ) -> AllowRule:
     """Stop reporting matching blocking calls everywhere.
 
     Pass an `AllowRule`, or the fields of one: `add_allow_rule("open",
     module="myapp.templates")`. Returns the rule, for `remove_allow_rule`.
+    A call with nothing to match (`add_allow_rule()`) raises `ValueError`:
+    allowing every blocking call is written `add_allow_rule(everything=True)`.
     Added in 2.0.
 
     Args:
@@ -220,16 +244,17 @@ def add_allow_rule(
         module: A module name; its submodules match too.
         path: A file path prefix, e.g. `"/app/vendor/"`.
         call_site: `"file.py:function"`: a frame of that function in a file whose path ends with `file.py`.
+        everything: Allow every blocking call, everywhere (nothing else may be given).
     """
     global _global_rules
     if len(events) == 1 and isinstance(events[0], AllowRule):
-        if module is not None or path is not None or call_site is not None:
+        if module is not None or path is not None or call_site is not None or everything is not False:
             raise TypeError("add_allow_rule takes either one AllowRule or the fields of one, not both")
         rule = events[0]
     else:
         if any(isinstance(e, AllowRule) for e in events):
             raise TypeError("add_allow_rule takes either one AllowRule or event names")
-        rule = AllowRule(_check_events(events), module, path, call_site)
+        rule = AllowRule(_check_events(events), module, path, call_site, everything)
     _global_rules = (*_global_rules, rule)
     _rules_changed()
     return rule
@@ -267,18 +292,25 @@ class allow_blocking(ContextVarScope[tuple[AllowRule, ...]]):  # noqa: N801 - re
     async def handler(): ...
     ```
 
-    With no argument at all every blocking call is allowed. Tasks created
-    inside the scope inherit it. Added in 2.0.
+    With no argument at all every blocking call is allowed inside the scope
+    (the scope is what says so; `everything=True` says it again). Tasks
+    created inside the scope inherit it. Added in 2.0.
 
     Args:
         events: Event names; none means any event.
         module: A module name; its submodules match too.
         path: A file path prefix, e.g. `"/app/vendor/"`.
         call_site: `"file.py:function"`: a frame of that function in a file whose path ends with `file.py`.
+        everything: Allow every blocking call in the scope, as no argument at all does.
     """
 
     def __init__(
-        self, *events: str, module: str | None = None, path: str | None = None, call_site: str | None = None
+        self,
+        *events: str,
+        module: str | None = None,
+        path: str | None = None,
+        call_site: str | None = None,
+        everything: bool = False,
     ) -> None:
         if len(events) == 1 and callable(events[0]):
             raise TypeError(
@@ -286,7 +318,10 @@ class allow_blocking(ContextVarScope[tuple[AllowRule, ...]]):  # noqa: N801 - re
                 "not @aiocop.allow_blocking"
             )
         super().__init__(scoped_rules)
-        self.rule = AllowRule(_check_events(events), module, path, call_site)
+        checked = _check_events(events)
+        if everything is False and not (checked or module is not None or path is not None or call_site is not None):
+            everything = True  # `with allow_blocking():` -- the scope itself is the explicit part
+        self.rule = AllowRule(checked, module, path, call_site, everything)
 
     def _value(self) -> tuple[AllowRule, ...]:
         return (*scoped_rules.get(), self.rule)

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import TYPE_CHECKING
 
+from aiocop._inputs import InputError, open_for_writing, read_file, shown
 from aiocop._report import STALL, app_site, call_site, site_key
 
 if TYPE_CHECKING:
@@ -51,27 +53,86 @@ def event_keys(event: SlowTaskEvent) -> list[Key]:
     return keys
 
 
+# A baseline holds a line per call site: this much is tens of thousands of them.
+MAX_BYTES = 16 * 1024 * 1024
+# A baseline is three levels deep (document, list, entry); a little room beyond.
+MAX_DEPTH = 8
+_BRACKETS_AND_STRINGS = re.compile(r'[\[\]{}]|"(?:[^"\\]|\\.)*"')
+
+
 def read(path: str) -> frozenset[Key]:
-    """The call sites a baseline file records."""
+    """The call sites a baseline file records; raises `BaselineError` naming the file, the key and what is wrong.
+
+    The file must be a regular file of at most 16 MiB of UTF-8 JSON, nested
+    at most 8 levels deep, with `"aiocop_baseline": 1` (the integer: the
+    format this version writes) and a list of call sites, each with a
+    string `event` and `site`.
+    """
+    where = f"baseline {path!r}"
     try:
-        with open(path, encoding="utf-8") as stream:
-            document = json.load(stream)
+        data = read_file(path, MAX_BYTES)
     except FileNotFoundError:
         raise BaselineError(
-            f"baseline {path!r}: no such file (record one first with --write-baseline, "
-            "or --aiocop-write-baseline under pytest)"
+            f"{where}: no such file (record one first with --write-baseline, or --aiocop-write-baseline under pytest)"
         ) from None
-    except (OSError, ValueError) as exc:
-        raise BaselineError(f"baseline {path!r}: cannot read it: {exc}") from None
-    sites = document.get("call_sites") if isinstance(document, dict) else None
-    if not isinstance(document, dict) or document.get("aiocop_baseline") != FORMAT or not isinstance(sites, list):
-        raise BaselineError(f"baseline {path!r}: not an aiocop baseline (format {FORMAT}) file")
+    except OSError as exc:
+        raise BaselineError(f"{where}: cannot read it: {exc.strerror or exc}") from None
+    except InputError as exc:
+        raise BaselineError(f"{where}: {exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BaselineError(f"{where}: not UTF-8 JSON ({exc.reason} at byte {exc.start})") from None
+    depth = _depth(text)
+    if depth > MAX_DEPTH:
+        raise BaselineError(f"{where}: nested more than {MAX_DEPTH} levels deep: not an aiocop baseline")
+    try:
+        document = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise BaselineError(f"{where}: not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise BaselineError(
+            f"{where}: expected a JSON object with 'aiocop_baseline' and 'call_sites', got {shown(document)}"
+        )
+    version = document.get("aiocop_baseline")
+    if type(version) is not int or version != FORMAT:  # not True, not 1.0: this exact format
+        raise BaselineError(
+            f"{where}: 'aiocop_baseline': expected {FORMAT} (the format this aiocop reads and writes), "
+            f"got {shown(version)}"
+        )
+    sites = document.get("call_sites")
+    if not isinstance(sites, list):
+        raise BaselineError(f"{where}: 'call_sites': expected a list of call sites, got {shown(sites)}")
     keys: set[Key] = set()
-    for entry in sites:
-        if not (isinstance(entry, dict) and isinstance(entry.get("event"), str) and isinstance(entry.get("site"), str)):
-            raise BaselineError(f"baseline {path!r}: each call site needs an 'event' and a 'site', got {entry!r}")
+    for index, entry in enumerate(sites):
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("event"), str)
+            and isinstance(entry.get("site"), str)
+            and entry["event"]
+            and entry["site"]
+        ):
+            raise BaselineError(
+                f"{where}: 'call_sites'[{index}]: expected an object with a non-empty string 'event' and 'site', "
+                f"got {shown(entry)}"
+            )
         keys.add((entry["event"], entry["site"]))
     return frozenset(keys)
+
+
+def _depth(text: str) -> int:
+    # Brackets outside strings, counted before json parses them: it recurses per level.
+    depth = deepest = 0
+    for match in _BRACKETS_AND_STRINGS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return depth  # enough to refuse: no need to read on
+            deepest = max(deepest, depth)
+        elif token in "]}":
+            depth -= 1
+    return deepest
 
 
 def write(path: str, counts: Mapping[Key, int]) -> None:
@@ -85,7 +146,7 @@ def write(path: str, counts: Mapping[Key, int]) -> None:
     }
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as stream:
+    with open_for_writing(path) as stream:
         json.dump(document, stream, indent=2)
         stream.write("\n")
 

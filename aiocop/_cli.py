@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import aiocop
-from aiocop import _attach, _baseline, _state
-from aiocop._config import ConfigError, load_config, parse_allow_line
+from aiocop import _baseline, _state
+from aiocop._config import MAX_THRESHOLD_MS, ConfigError, parse_allow_line, read_config
 from aiocop._frames import set_app_paths
+from aiocop._inputs import open_for_writing
 from aiocop._report import Summary, describe
 from aiocop._severity import level_rank
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from aiocop._events import SlowTaskEvent
 
 PROG = "python -m aiocop"
+EXIT_ERROR = 1  # what the run was asked to write could not be written
 EXIT_USAGE = 2
 EXIT_FAIL_ON = 3
 LEVELS = ("low", "medium", "high")
@@ -59,14 +61,20 @@ DEFAULT_THRESHOLD_MS = 30.0
 DEFAULT_TRACE_DEPTH = 10
 
 
-def _positive(kind: type[float] | type[int]) -> Any:
+# Read by the attach command only (never by `run`, nor at import): seconds the target may take to start.
+ATTACH_START_TIMEOUT_ENV = "AIOCOP_ATTACH_START_TIMEOUT_S"
+
+
+def _positive(kind: type[float] | type[int], at_most: float = math.inf) -> Any:
     def parse(text: str) -> float | int:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
-        if not 0 < value < math.inf:
+        if not 0 < value < math.inf:  # also refuses NaN
             raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        if value > at_most:
+            raise argparse.ArgumentTypeError(f"expected at most {at_most:.15g}, got {text!r}")
         return value
 
     parse.__name__ = kind.__name__  # argparse names the type in its messages
@@ -102,7 +110,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     )
     run.add_argument(
         "--threshold-ms",
-        type=_positive(float),
+        type=_positive(float, MAX_THRESHOLD_MS),
         metavar="MS",
         help=f"a step holding its loop this long is a stall (default: {DEFAULT_THRESHOLD_MS:g}, or threshold_ms "
         "in [tool.aiocop])",
@@ -191,7 +199,7 @@ def _add_attach(commands: Any) -> argparse.ArgumentParser:
     )
     attach.add_argument(
         "--threshold-ms",
-        type=_positive(float),
+        type=_positive(float, MAX_THRESHOLD_MS),
         metavar="MS",
         help=f"a step holding its loop this long is a stall (default: {DEFAULT_THRESHOLD_MS:g}; a target "
         "running aiocop already keeps its own)",
@@ -274,10 +282,13 @@ def session(argv: Sequence[str] | None = None) -> Generator[Program, int, int]:
         return EXIT_USAGE
     if argv[0] == "attach":
         settings = parser.parse_args(argv)
-        if settings.json:
-            folder = os.path.dirname(os.path.abspath(settings.json))
-            if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-                _usage_error(attach_parser(), f"--json: cannot write a file in {folder!r}")
+        _check_output(attach_parser(), "--json", settings.json)
+        problem = _env_seconds_problem(ATTACH_START_TIMEOUT_ENV)
+        if problem is not None:
+            _usage_error(attach_parser(), problem)
+        # Imported for this command only: `run` never loads attach, nor reads its environment.
+        from aiocop import _attach  # noqa: PLC0415
+
         return _attach.main(
             settings.pid, settings.seconds, settings.threshold_ms, settings.json, settings.fail_on, settings.top
         )
@@ -293,14 +304,45 @@ def session(argv: Sequence[str] | None = None) -> Generator[Program, int, int]:
     if program.module is not None and not _module_exists(program.module):
         _usage_error(run_parser, f"no module named {program.module!r}")
     # Found out now rather than after a long run whose report is then lost.
-    for flag, path in (("--json", settings.json), ("--write-baseline", settings.write_baseline)):
-        folder = os.path.dirname(os.path.abspath(path)) if path else None
-        if folder is not None and (not os.path.isdir(folder) or not os.access(folder, os.W_OK)):
-            _usage_error(run_parser, f"{flag}: cannot write a file in {folder!r}")
+    _check_output(run_parser, "--json", settings.json)
+    _check_output(run_parser, "--write-baseline", settings.write_baseline)
     resolved = _resolve(settings, run_parser)
     factory = _uvloop_factory(run_parser) if settings.uvloop else None
     with _default_loop_factory(factory):
         return (yield from _run(program, settings, resolved))
+
+
+def _check_output(parser: argparse.ArgumentParser, flag: str, path: str | None) -> None:
+    # What can be known before the run; what cannot (a full disk) fails the run after it.
+    if path is None:
+        return
+    if not path:
+        _usage_error(parser, f"{flag}: expected a file name, got ''")
+    if os.path.isdir(path):
+        _usage_error(parser, f"{flag}: {path!r} is a directory, not a file")
+    folder = os.path.dirname(os.path.abspath(path))
+    folder_ok = os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)
+    # /dev/stdout, or a file one may write in a folder one may not: fine.
+    if not folder_ok and not (os.path.exists(path) and os.access(path, os.W_OK)):
+        _usage_error(parser, f"{flag}: cannot write a file in {folder!r}")
+
+
+def _env_seconds_problem(name: str) -> str | None:
+    """What is wrong with a number of seconds in the environment variable `name` (None: unset or fine)."""
+    text = os.environ.get(name)
+    if not text:  # unset, or set to nothing: the default, as for AIOCOP_CONFIG
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return f"the environment variable {name}: expected a number of seconds, got {text!r}"
+    if not 0 < value <= 86400.0:  # also refuses NaN and infinity
+        return f"the environment variable {name}: expected a number of seconds > 0 and <= 86400, got {text!r}"
+    return None
+
+
+def _warn(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 @dataclass(frozen=True)
@@ -318,7 +360,7 @@ class Resolved:
 
 def _resolve(settings: argparse.Namespace, parser: argparse.ArgumentParser) -> Resolved:
     try:
-        project = load_config(settings.config)
+        project = read_config(settings.config, warn=_warn, named_by="--config")
     except ConfigError as exc:
         _usage_error(parser, str(exc))
     cwd = os.getcwd()
@@ -329,12 +371,15 @@ def _resolve(settings: argparse.Namespace, parser: argparse.ArgumentParser) -> R
         except ValueError as exc:
             _usage_error(parser, f"--allow: in rule {line!r}: {exc}")
     baseline: frozenset[tuple[str, str]] | None = None
+    if settings.baseline is not None and not settings.baseline.strip():
+        _usage_error(parser, f"--baseline: expected a file name, got {settings.baseline!r}")
     baseline_file = settings.baseline or project.baseline
     if baseline_file and not settings.write_baseline:
         try:
             baseline = _baseline.read(baseline_file)
         except _baseline.BaselineError as exc:
-            _usage_error(parser, str(exc))
+            origin = "" if settings.baseline else f"{project.source} [tool.aiocop] baseline: "
+            _usage_error(parser, f"{origin}{exc}")
     return Resolved(
         threshold_ms=settings.threshold_ms or project.threshold_ms or DEFAULT_THRESHOLD_MS,
         trace_depth=settings.trace_depth or project.trace_depth or DEFAULT_TRACE_DEPTH,
@@ -418,19 +463,21 @@ def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> 
     set_app_paths((), ())
 
     print("\n" + summary.render(limit=settings.top), file=sys.stderr)
-    if settings.json:
-        _write_json(settings.json, program, status, summary)
+    # A run asked for a file it did not get has not succeeded, whatever the program did:
+    # CI would pass without the report it archives.
+    written = _write_json(settings.json, program, status, summary) if settings.json else True
     if settings.write_baseline:
         try:
             _baseline.write(settings.write_baseline, summary.counts())
         except OSError as error:
             print(f"aiocop: could not write --write-baseline file: {error}", file=sys.stderr)
-            return status or 1
+            return status or EXIT_ERROR
         print(
             f"aiocop: wrote {len(summary.counts())} call site(s) to the baseline {settings.write_baseline!r}",
             file=sys.stderr,
         )
-        return status  # today's call sites are the baseline: none of them fails this run
+        # Today's call sites are the baseline: none of them fails this run.
+        return status or (0 if written else EXIT_ERROR)
     fail_on = resolved.fail_on
     worst = summary.worst_level(new_only=True)
     if status == 0 and fail_on and worst is not None and level_rank(worst) >= level_rank(fail_on):
@@ -438,7 +485,7 @@ def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> 
         source = f"--fail-on {fail_on}" if settings.fail_on else f"fail_on = {fail_on!r} in [tool.aiocop]"
         print(f"aiocop: failing: {what} reached impact {worst!r} ({source})", file=sys.stderr)
         return EXIT_FAIL_ON
-    return status
+    return status or (0 if written else EXIT_ERROR)
 
 
 def _print_event(event: SlowTaskEvent) -> None:
@@ -537,7 +584,7 @@ def _exit_status(code: object) -> int:
     return 1
 
 
-def _write_json(path: str, program: Program, status: int, summary: Summary) -> None:
+def _write_json(path: str, program: Program, status: int, summary: Summary) -> bool:
     document = {
         "aiocop": aiocop.__version__,
         "program": program.script or f"-m {program.module}",
@@ -546,8 +593,10 @@ def _write_json(path: str, program: Program, status: int, summary: Summary) -> N
         **summary.to_dict(),
     }
     try:
-        with open(path, "w", encoding="utf-8") as out:
+        with open_for_writing(path) as out:
             json.dump(document, out, indent=2)
             out.write("\n")
     except OSError as error:
         print(f"aiocop: could not write --json file: {error}", file=sys.stderr)
+        return False
+    return True

@@ -17,14 +17,13 @@ from aiocop._baseline import BaselineError
 from aiocop._baseline import read as read_baseline
 from aiocop._config import (
     ALLOW_KEYS,
-    ENV_VAR,
     LEVELS,
+    MAX_THRESHOLD_MS,
     ConfigError,
     ProjectConfig,
-    find_pyproject,
-    load_config,
     make_rule,
     parse_allow_line,
+    read_config,
 )
 
 if TYPE_CHECKING:
@@ -37,7 +36,17 @@ DEFAULTS: dict[str, Any] = {
     "aiocop_threshold_ms": 0,
     "aiocop_trace_depth": DEFAULT_TRACE_DEPTH,
 }
-__all__ = ["ALLOW_KEYS", "DEFAULTS", "LEVELS", "Settings", "add_options", "make_rule", "parse_allow_line", "read"]
+__all__ = [
+    "ALLOW_KEYS",
+    "DEFAULTS",
+    "LEVELS",
+    "Settings",
+    "add_options",
+    "enabled",
+    "make_rule",
+    "parse_allow_line",
+    "read",
+]
 
 # pytest 8.4 added typed numeric ini keys (and, from 9.0, native TOML configs
 # need them to accept `aiocop_threshold_ms = 50`); older versions read strings.
@@ -46,8 +55,9 @@ _FLOAT_INI: Literal["float", "string"] = "float" if _NUMERIC_INI else "string"
 _INT_INI: Literal["int", "string"] = "int" if _NUMERIC_INI else "string"
 
 MARKERS = (
-    "aiocop_allow(*events, module=None, path=None, call_site=None): aiocop does not fail this test for "
-    "blocking calls matching the rule (no argument: any blocking call or stall); fields as in aiocop.AllowRule.",
+    "aiocop_allow(*events, module=None, path=None, call_site=None, everything=False): aiocop does not fail this "
+    "test for blocking calls matching the rule (no argument, or everything=True: any blocking call or stall); "
+    "fields as in aiocop.AllowRule.",
     "aiocop_check(fixtures=None): aiocop checks this test's body even if it is synchronous; "
     "fixtures=True also checks the set-up and teardown of its fixtures.",
 )
@@ -186,6 +196,15 @@ def add_options(parser: pytest.Parser) -> None:
     )
 
 
+def enabled(config: pytest.Config) -> bool:
+    """Whether the plugin is on: `--aiocop` / `--no-aiocop`, else the ini key `aiocop`.
+
+    Nothing else of aiocop's is read before this says yes: a pytest run
+    that did not ask for aiocop cannot be changed, or broken, by it.
+    """
+    return bool(_pick(config, "aiocop", "aiocop"))
+
+
 def read(config: pytest.Config) -> Settings:
     """The settings in effect; raises `pytest.UsageError` for bad values.
 
@@ -193,7 +212,7 @@ def read(config: pytest.Config) -> Settings:
     project's pyproject.toml, else its default.
     """
     project = _project(config)
-    enabled = _pick(config, "aiocop", "aiocop")
+    on = enabled(config)
     fail_on = str(
         _pick(config, "aiocop_fail_on", "aiocop_fail_on", project.fail_on or DEFAULTS["aiocop_fail_on"])
     ).strip()
@@ -210,10 +229,10 @@ def read(config: pytest.Config) -> Settings:
         "a number of milliseconds",
         project.threshold_ms or DEFAULTS["aiocop_threshold_ms"],
     )
-    if not threshold >= 0:  # also rejects NaN
+    if not 0 <= threshold <= MAX_THRESHOLD_MS:  # also rejects NaN and infinity
         raise pytest.UsageError(
             f"{_source(config, 'aiocop_threshold_ms', '--aiocop-threshold-ms')}: expected a number of "
-            f"milliseconds >= 0 (0: off), got {threshold!r}"
+            f"milliseconds >= 0 (0: off) and at most {MAX_THRESHOLD_MS:.15g} (an hour), got {threshold!r}"
         )
     depth = _number(
         config,
@@ -233,15 +252,13 @@ def read(config: pytest.Config) -> Settings:
     sources = [("aiocop_allow (ini)", line) for line in config.getini("aiocop_allow")]
     sources += [("--aiocop-allow", line) for line in config.getoption("aiocop_allow")]
     for source, line in sources:
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
         try:
             rules.append(parse_allow_line(line, config.rootpath))
         except ValueError as exc:
             raise pytest.UsageError(f"{source}: in rule {line.strip()!r}: {exc}") from None
         lines.append(line.strip())
     return Settings(
-        enabled=bool(enabled),
+        enabled=on,
         fail_on=fail_on,
         threshold_ms=float(threshold) or None,
         trace_depth=int(depth),
@@ -257,27 +274,39 @@ def read(config: pytest.Config) -> Settings:
 
 
 def _project(config: pytest.Config) -> ProjectConfig:
-    # The file AIOCOP_CONFIG names, else the pyproject.toml nearest the rootdir.
-    path = os.environ.get(ENV_VAR) or find_pyproject(str(config.rootpath))
+    # The file AIOCOP_CONFIG names, else the project's pyproject.toml, from the rootdir up.
+    def warn(message: str) -> None:
+        try:
+            config.issue_config_time_warning(pytest.PytestConfigWarning(message), stacklevel=2)
+        except pytest.PytestConfigWarning:  # filterwarnings = error: the user's choice, said as a usage error
+            raise pytest.UsageError(f"{message} [a warning, which the warning filters make an error]") from None
+
     try:
-        return load_config(path) if path else ProjectConfig()
+        return read_config(None, start=config.rootpath, warn=warn)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
 
 
 def _baselines(config: pytest.Config, project: ProjectConfig) -> dict[str, Any]:
     write = config.getoption("aiocop_write_baseline")
-    if write:
+    if write is not None:
+        if not write.strip() or os.path.isdir(write):
+            what = "a directory" if write.strip() else "empty"
+            raise pytest.UsageError(f"--aiocop-write-baseline: expected a file name, got {write!r} ({what})")
         return {"write_baseline": os.path.abspath(write)}
-    file = config.getoption("aiocop_baseline") or config.getini("aiocop_baseline")
+    flag = config.getoption("aiocop_baseline")
+    if flag is not None and not flag.strip():
+        raise pytest.UsageError(f"--aiocop-baseline: expected a file name, got {flag!r}")
+    named = flag or config.getini("aiocop_baseline")
     # A relative file is the rootdir's (os.path.join keeps an absolute one as it is).
-    file = os.path.join(str(config.rootpath), file) if file else project.baseline
+    file = os.path.join(str(config.rootpath), named) if named else project.baseline
     if not file:
         return {}
     try:
         return {"baseline_file": file, "baseline": read_baseline(file)}
     except BaselineError as exc:
-        raise pytest.UsageError(str(exc)) from None
+        origin = "" if named else f"{project.source} [tool.aiocop] baseline: "
+        raise pytest.UsageError(f"{origin}{exc}") from None
 
 
 def _pick(config: pytest.Config, dest: str, ini: str, default: Any = None) -> Any:
@@ -312,8 +341,10 @@ def marker_rules(item: pytest.Item) -> tuple[AllowRule, ...]:
     """The allow rules of an item's `aiocop_allow` markers (its own, its class's, its module's)."""
     rules = []
     for mark in item.iter_markers("aiocop_allow"):
+        # A bare marker is written on one test on purpose: it allows everything there.
+        fields = dict(mark.kwargs) if mark.args or mark.kwargs else {"everything": True}
         try:
-            rules.append(make_rule(mark.args, dict(mark.kwargs), item.config.rootpath))
+            rules.append(make_rule(mark.args, fields, item.config.rootpath))
         except ValueError as exc:
             raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.aiocop_allow: {exc}") from None
     return tuple(rules)

@@ -26,7 +26,9 @@ Needs the `opentelemetry` extra: `pip install 'aiocop[opentelemetry]'`.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -270,10 +272,20 @@ def _instruments(meter: metrics.Meter) -> _Instruments:
     return known[1]
 
 
+logger = logging.getLogger("aiocop")
+
+
 class _Recorder:
-    """The observer that turns each `SlowTaskEvent` into metric points and span events."""
+    """The observer that turns each `SlowTaskEvent` into metric points and span events.
+
+    What the SDK (or a custom provider) raises while recording never reaches
+    the application, whose loop thread most of this runs on: it is counted
+    (`AiocopInstrumentor.recording_errors`) and the first one is logged.
+    """
 
     def __init__(self, meter: metrics.Meter, options: dict[str, Any]) -> None:
+        self.errors = 0
+        self._errors_lock = threading.Lock()
         instruments = _instruments(meter)
         self.delay = instruments.delay
         self.calls = instruments.calls
@@ -284,7 +296,33 @@ class _Recorder:
         self.span_events: bool = options["span_events"]
         self.span_limit = RateLimit(options["span_events_per_second"])
 
+    def failed(self, error: Exception, doing: str) -> None:
+        with self._errors_lock:
+            self.errors += 1
+            first = self.errors == 1
+        if first:
+            logger.error(
+                "aiocop: OpenTelemetry raised %s while %s (ignored: the application goes on; later errors are "
+                "counted in AiocopInstrumentor().recording_errors, not logged)",
+                type(error).__name__,
+                doing,
+                exc_info=error,
+            )
+
+    def record_delay(self, seconds: float) -> None:
+        """The probe's lateness into the histogram (on the loop's thread)."""
+        try:
+            self.delay.record(seconds)
+        except Exception as error:
+            self.failed(error, "recording asyncio.eventloop.delay")
+
     def __call__(self, event: SlowTaskEvent) -> None:
+        try:
+            self._record(event)
+        except Exception as error:
+            self.failed(error, "recording a blocking call or stall")
+
+    def _record(self, event: SlowTaskEvent) -> None:
         view = step_view(event)
         if view is not None:  # nobody has read the event: its calls as recorded, nothing formatted
             elapsed_ms, exceeded = view.elapsed_ms, view.exceeded_threshold
@@ -321,17 +359,21 @@ class _Recorder:
 
     def on_call(self, record: Record) -> None:
         """A blocking call, as it is made: an event on the span current at the call (on the loop's thread)."""
-        span = trace.get_current_span()
-        if not span.is_recording():  # no span, or an unsampled one
-            return
-        site = record_site(record)
-        sites = self.sites
-        if not self.span_limit.allow(sites.key(site)):
-            return
-        name, call = record_call(record)
-        span.add_event(
-            "aiocop.blocking_call", {**sites.with_extra(site, (("aiocop.event", name),)), "aiocop.call": call}
-        )
+        # One frame, not two: this runs at every detected call (the try costs nothing until it catches).
+        try:
+            span = trace.get_current_span()
+            if not span.is_recording():  # no span, or an unsampled one
+                return
+            site = record_site(record)
+            sites = self.sites
+            if not self.span_limit.allow(sites.key(site)):
+                return
+            name, call = record_call(record)
+            span.add_event(
+                "aiocop.blocking_call", {**sites.with_extra(site, (("aiocop.event", name),)), "aiocop.call": call}
+            )
+        except Exception as error:
+            self.failed(error, "adding a span event")
 
     def _add_stall_event(self, event: SlowTaskEvent, site: str, seconds: float) -> None:
         # Delivered in the stalled task's context: its current span is the
@@ -346,6 +388,38 @@ class _Recorder:
         if event.culprit:
             attributes["aiocop.culprit"] = event.culprit
         span.add_event("aiocop.stall", attributes, timestamp=int((time.time() - seconds) * 1e9))
+
+
+def _make_recorder(meter_provider: Any, tracer_provider: Any, options: dict[str, Any]) -> _Recorder:
+    """The recorder, its instruments made; a provider that cannot make them is named in a clear error.
+
+    Made before anything starts: a failure here leaves detection as it was.
+    """
+    for name, value, method in (
+        ("meter_provider", meter_provider, "get_meter"),
+        ("tracer_provider", tracer_provider, "get_tracer"),
+    ):
+        if value is not None and not callable(getattr(value, method, None)):
+            raise TypeError(
+                f"AiocopInstrumentor.instrument(): {name} must be an OpenTelemetry provider (with {method}()), "
+                f"not {type(value).__name__}: {value!r}"
+            )
+    try:
+        meter = metrics.get_meter("aiocop", __version__, meter_provider)
+        return _Recorder(meter, options)
+    except Exception as error:
+        which = "meter_provider" if meter_provider is not None else "the global meter provider"
+        raise RuntimeError(
+            f"AiocopInstrumentor.instrument(): {which} {_describe(meter_provider)} could not make aiocop's "
+            f"instruments: {type(error).__name__}: {error}"
+        ) from error
+
+
+def _describe(provider: Any) -> str:
+    try:
+        return repr(provider if provider is not None else metrics.get_meter_provider())
+    except Exception:  # a provider whose repr fails too: its type is name enough
+        return f"({type(provider).__name__})"
 
 
 class AiocopInstrumentor(BaseInstrumentor):  # type: ignore[misc]
@@ -378,10 +452,20 @@ class AiocopInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def instrumentation_dependencies(self) -> Collection[str]:
         return ()  # instruments the event loop, whatever runs it
 
+    _errors_before: int = 0  # the last recorder's count, kept past uninstrument()
+
+    @property
+    def recording_errors(self) -> int:
+        """How many times OpenTelemetry raised while aiocop recorded, since the last `instrument()`.
+
+        Each error was ignored (the application never sees one) and the first
+        was logged. Added in 2.0.
+        """
+        return self._recorder.errors if self._recorder is not None else self._errors_before
+
     def _instrument(self, **kwargs: Any) -> None:
         options = _options(kwargs)
-        meter = metrics.get_meter("aiocop", __version__, kwargs.get("meter_provider"))
-        recorder = _Recorder(meter, options)
+        recorder = _make_recorder(kwargs.get("meter_provider"), kwargs.get("tracer_provider"), options)
         started_interception = not _state.started
         if started_interception:
             _api.configure()  # [tool.aiocop] if the project has one
@@ -401,7 +485,7 @@ class AiocopInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if recorder.span_events:
             _callbacks.add_call_observer(recorder.on_call)
         if options["probe_interval_ms"]:
-            self._probe = recorder.probe = DelayProbe(options["probe_interval_ms"] / 1000.0, recorder.delay.record)
+            self._probe = recorder.probe = DelayProbe(options["probe_interval_ms"] / 1000.0, recorder.record_delay)
             self._probe.start()
 
     def _uninstrument(self, **kwargs: Any) -> None:
@@ -409,6 +493,7 @@ class AiocopInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             self._probe.stop()
             self._probe = None
         if self._recorder is not None:
+            self._errors_before = self._recorder.errors
             _callbacks.remove_observer(self._recorder)
             _callbacks.remove_call_observer(self._recorder.on_call)
             self._recorder = None

@@ -67,6 +67,7 @@ class _Session:
         self.recorder: Recorder = Recorder()
         # With --aiocop-write-baseline: how many times each call site failed a test.
         self.seen: dict[tuple[str, str], int] = {}
+        self.baseline_written: str | None = None  # what writing it said, for the summary
 
     def start(self) -> None:
         from aiocop._frames import set_app_paths
@@ -89,7 +90,7 @@ class _Session:
         set_app_paths((), ())
         aiocop.stop()
 
-    def write_baseline(self) -> str:
+    def write_baseline(self) -> bool:
         from aiocop import _baseline
 
         path = self.settings.write_baseline
@@ -97,8 +98,10 @@ class _Session:
         try:
             _baseline.write(path, self.seen)
         except OSError as exc:
-            return f"aiocop: could not write the baseline {path}: {exc}"
-        return f"aiocop: wrote {len(self.seen)} call site(s) to the baseline {path}"
+            self.baseline_written = f"aiocop: could not write the baseline {path}: {exc}"
+            return False
+        self.baseline_written = f"aiocop: wrote {len(self.seen)} call site(s) to the baseline {path}"
+        return True
 
 
 @dataclass
@@ -128,9 +131,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in _pytest_settings.MARKERS:
         config.addinivalue_line("markers", line)
-    settings = _pytest_settings.read(config)  # checked even when off: a typo is an error either way
-    if not settings.enabled:
+    # Switched off, nothing of aiocop's is read: not its ini keys, not
+    # [tool.aiocop], not a baseline (a file planted in a parent folder must
+    # not break a run that never asked for aiocop).
+    if not _pytest_settings.enabled(config):
         return
+    settings = _pytest_settings.read(config)
     session = _Session(settings)
     session.start()
     config.stash[_SESSION] = session
@@ -142,10 +148,21 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [session.settings.header()] if session is not None else []
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # Written here, where the exit status can still change: a run asked for a
+    # baseline it did not get has not succeeded (CI would commit nothing).
+    state = session.config.stash.get(_SESSION, None)
+    if state is None or state.settings.write_baseline is None:
+        return
+    if not state.write_baseline() and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     session = config.stash.get(_SESSION, None)
-    if session is not None and session.settings.write_baseline is not None:
-        terminalreporter.write_line(session.write_baseline())
+    if session is not None and session.baseline_written is not None:
+        terminalreporter.write_line(session.baseline_written)
 
 
 @pytest.hookimpl(trylast=True)
@@ -153,12 +170,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # Markers are read here, once per test, so that a bad one is a usage
     # error before anything runs rather than a failure halfway through.
     session = config.stash.get(_SESSION, None)
+    if session is None:  # switched off: markers are not read either
+        return
     for item in items:
-        if session is None:
-            _pytest_settings.marker_rules(item)
-            _pytest_settings.marker_check(item)
-        else:
-            item.stash[_TEST] = _test_state(item, session.settings)
+        item.stash[_TEST] = _test_state(item, session.settings)
 
 
 def _test_state(item: pytest.Item, settings: Settings) -> _TestState:

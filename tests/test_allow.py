@@ -16,7 +16,7 @@ from tests import blocking_calls
 from tests.conftest import Collector, run_on
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterator
 
 
 def test_allow_by_event_globally(detector: Collector, loop_name: str) -> None:
@@ -227,3 +227,76 @@ def test_allowed_and_harmless_calls_are_dropped_before_their_trace_is_read(
     assert detector.names() == ["os.stat"]
     assert silent == [0]
     assert code_reads, "the reported call's trace reads code objects"
+
+
+# --- a rule must say what it allows (issue 23) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(aiocop.add_allow_rule, id="add_allow_rule()"),
+        pytest.param(aiocop.AllowRule, id="AllowRule()"),
+        pytest.param(lambda: aiocop.AllowRule(events=()), id="AllowRule(events=())"),
+        pytest.param(lambda: aiocop.add_allow_rule(*[]), id="add_allow_rule(*empty_list)"),
+    ],
+)
+def test_a_rule_with_nothing_to_match_is_refused(make: Callable[[], object]) -> None:
+    # A rule built from an empty list or a blank setting would allow every call,
+    # and a CI gate would pass on anything: it must be an error, never a rule.
+    with pytest.raises(
+        ValueError, match=r"an allow rule needs an event name or module=, path= or call_site="
+    ) as raised:
+        make()
+    assert "everything=True" in str(raised.value)
+    assert aiocop.get_allow_rules() == []
+
+
+def test_allowing_everything_is_spelled_out(detector: Collector, loop_name: str) -> None:
+    rule = aiocop.add_allow_rule(everything=True)
+    assert rule == aiocop.AllowRule(everything=True)
+
+    async def main() -> None:
+        blocking_calls.do_sleep()
+        os.stat(".")
+
+    run_on(loop_name, main())
+    assert detector.names() == []
+    aiocop.remove_allow_rule(rule)
+    run_on(loop_name, main())
+    assert detector.names() == ["time.sleep", "os.stat"]
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda: aiocop.AllowRule(everything=True, module="x"), ValueError, "takes no other field"),
+        (lambda: aiocop.add_allow_rule("open", everything=True), ValueError, "takes no other field"),
+        (lambda: aiocop.AllowRule(everything="yes"), TypeError, "everything must be True or False"),  # type: ignore[arg-type]
+        (lambda: aiocop.add_allow_rule(everything=1), TypeError, "everything must be True or False"),  # type: ignore[arg-type]
+        (lambda: aiocop.allow_blocking(everything="yes"), TypeError, "everything must be True or False"),  # type: ignore[arg-type]
+        (
+            lambda: aiocop.add_allow_rule(aiocop.AllowRule(everything=True), everything=True),
+            TypeError,
+            "either one AllowRule or the fields of one",
+        ),
+    ],
+)
+def test_everything_takes_nothing_else(make: Callable[[], object], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        make()
+    assert aiocop.get_allow_rules() == []
+
+
+def test_a_scope_with_no_argument_still_allows_everything_in_it(detector: Collector, loop_name: str) -> None:
+    # `with allow_blocking():` names its extent: the scope is what is explicit.
+    assert aiocop.allow_blocking().rule == aiocop.AllowRule(everything=True)
+    assert aiocop.allow_blocking(everything=True).rule == aiocop.AllowRule(everything=True)
+
+    async def main() -> None:
+        with aiocop.allow_blocking(everything=True):
+            blocking_calls.do_sleep()
+        os.stat(".")
+
+    run_on(loop_name, main())
+    assert detector.names() == ["os.stat"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -347,3 +348,123 @@ def test_a_test_suite_that_turns_warnings_into_errors_runs_under_the_cli(tmp_pat
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout
     assert "test_app.py:6:main" in result.stderr
+
+
+# --- errors, outputs and the environment (issue 23) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--allow", ""), "--allow: in rule '': the rule is empty, and would allow every blocking call"),
+        (("--allow", "  "), "--allow: in rule '  ': the rule is empty"),
+        (("--allow", "# TODO"), "--allow: in rule '# TODO': the rule is only a comment"),
+        (("--threshold-ms", "inf"), "argument --threshold-ms: expected a positive float, got 'inf'"),
+        (("--threshold-ms", "nan"), "argument --threshold-ms: expected a positive float, got 'nan'"),
+        (("--threshold-ms", "1e300"), "argument --threshold-ms: expected at most 3600000, got '1e300'"),
+        (("--json", ""), "--json: expected a file name, got ''"),
+        (("--write-baseline", "."), "--write-baseline: '.' is a directory, not a file"),
+        (("--config", "/dev/zero"), "/dev/zero: it is a character device, not a regular file"),
+        (("--config", "."), ".: it is a directory, not a regular file"),
+        (("--baseline", "/dev/zero"), "baseline '/dev/zero': it is a character device, not a regular file"),
+        (("--baseline", ""), "--baseline: expected a file name, got ''"),
+    ],
+)
+def test_bad_run_settings_are_usage_errors(program: Path, args: tuple[str, ...], message: str) -> None:
+    result = aiocop_run("run", "--fail-on", "low", *args, program)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "program ran" not in result.stdout
+
+
+def test_a_json_directory_is_refused_before_the_program_runs(program: Path, tmp_path: Path) -> None:
+    result = aiocop_run("run", "--json", tmp_path, program)
+    assert result.returncode == 2
+    assert f"--json: {str(tmp_path)!r} is a directory, not a file" in result.stderr
+    assert "program ran" not in result.stdout
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux) to fail a write after the run")
+@pytest.mark.parametrize("flag", ["--json", "--write-baseline"])
+def test_an_output_that_cannot_be_written_fails_the_run(program: Path, flag: str) -> None:
+    # /dev/full opens but refuses every write (ENOSPC): found out only once the run is over.
+    result = aiocop_run("run", flag, "/dev/full", program)
+    assert "program ran" in result.stdout
+    assert result.returncode == 1, result.stderr
+    assert f"aiocop: could not write {flag} file: [Errno 28] No space left on device" in result.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_failed_output_keeps_a_worse_status(tmp_path: Path) -> None:
+    (tmp_path / "prog.py").write_text(
+        "import asyncio, os\n\nasync def main():\n    os.stat('.')\n\nasyncio.run(main())\n"
+    )
+    failing = aiocop_run("run", "--fail-on", "low", "--json", "/dev/full", "prog.py", cwd=tmp_path)
+    assert failing.returncode == 3, failing.stderr  # the gate's own status, still not 0
+    (tmp_path / "exits.py").write_text("raise SystemExit(7)\n")
+    exits = aiocop_run("run", "--json", "/dev/full", "exits.py", cwd=tmp_path)
+    assert exits.returncode == 7, exits.stderr
+
+
+def test_run_never_reads_the_attach_environment(program: Path) -> None:
+    # The attach command's variable, set wrong, once broke `run` at import.
+    env = {**os.environ, "AIOCOP_ATTACH_START_TIMEOUT_S": "abc"}
+    result = subprocess.run(
+        [sys.executable, "-m", "aiocop", "run", str(program)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "program ran" in result.stdout
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, aiocop._cli; print('aiocop._attach' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
+    assert loaded.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("value", ["abc", "nan", "inf", "-1", "0", "1e9"])
+def test_attach_checks_its_environment_with_a_clear_error(value: str) -> None:
+    env = {**os.environ, "AIOCOP_ATTACH_START_TIMEOUT_S": value}
+    result = subprocess.run(
+        [sys.executable, "-m", "aiocop", "attach", str(os.getpid())],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "the environment variable AIOCOP_ATTACH_START_TIMEOUT_S: expected a number of seconds" in result.stderr
+    assert repr(value) in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "message"), [("", "--config: no such file: ''"), ("nope.toml", "--config: no such file")]
+)
+def test_a_missing_config_is_named_by_its_flag(program: Path, value: str, message: str) -> None:
+    result = aiocop_run("run", "--config", value, program)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs (POSIX)")
+def test_a_fifo_nobody_reads_fails_the_run_instead_of_hanging_it(program: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "report.json"
+    os.mkfifo(fifo)
+    for flag in ("--json", "--write-baseline"):
+        result = aiocop_run("run", flag, fifo, program)  # opening a FIFO to write would wait for a reader
+        assert result.returncode == 1, result.stderr
+        assert f"aiocop: could not write {flag} file: [Errno 6] No such device or address" in result.stderr
+    to_stdout = aiocop_run("run", "--json", "/dev/stdout", program)
+    assert to_stdout.returncode == 0, to_stdout.stderr
+    assert '"exit_status": 0' in to_stdout.stdout

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 import aiocop
-from aiocop import _api, _frames
-from aiocop._config import ConfigError, load_config
+from aiocop import _api, _baseline, _config, _frames, _inputs
+from aiocop._config import ConfigError, ProjectConfig, load_config
 from aiocop.asgi import AiocopMiddleware
 from tests import blocking_calls
 from tests.conftest import ROOT, Collector, reset_aiocop, run_on
@@ -62,7 +66,7 @@ def test_a_full_table_is_read_with_paths_from_its_folder(tmp_path: Path) -> None
     [
         ("treshold_ms = 5", "unknown key 'treshold_ms' (did you mean 'threshold_ms'?)"),
         ("threshold_ms = 'fast'", "threshold_ms: expected a number (milliseconds), got 'fast'"),
-        ("threshold_ms = 0", "threshold_ms: expected a number > 0 (milliseconds), got 0"),
+        ("threshold_ms = 0", "threshold_ms: expected a number > 0 and <= 3600000 (milliseconds), got 0"),
         ("trace_depth = 0", "trace_depth: expected a whole number of frames >= 1, got 0"),
         ("fail_on = 'hihg'", "fail_on: expected one of low, medium, high, got 'hihg' (did you mean 'high'?)"),
         ("sample_rate = 1.5", "sample_rate: expected a number > 0 and <= 1 (a fraction), got 1.5"),
@@ -306,3 +310,435 @@ def test_the_table_the_docs_show_is_valid() -> None:
     config = load_config(EXAMPLE / "pyproject-example.toml")
     assert (config.threshold_ms, config.fail_on, config.sample_rate, len(config.allow)) == (50, "medium", 0.1, 2)
     assert config.baseline == str(EXAMPLE / "aiocop-baseline.json")
+
+
+# --- untrusted input (issue 23) ---------------------------------------------------------
+#
+# Every file aiocop reads may be hostile: planted by another local user in a
+# shared parent folder, or a FIFO or a device behind an innocent name. Each
+# case below is one message naming the file and what was expected, never a
+# traceback, never a hang.
+
+OTHER_UID = 12345  # a user that is neither the one running the tests nor root
+
+
+def owned_by_someone_else(path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Make `path` another user's: chown as root; otherwise this process pretends to be another user."""
+    if os.geteuid() == 0:
+        os.chown(path, OTHER_UID, -1)
+        return f"uid {OTHER_UID}"
+    me = os.geteuid()
+    monkeypatch.setattr(_inputs.os, "geteuid", lambda: me + 1)  # the file is then neither "mine" nor root's
+    return f"uid {me}"
+
+
+needs_root = pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0,
+    reason="a file of another user is made with os.chown, which needs root (a subprocess cannot be mocked)",
+)
+
+
+@pytest.fixture
+def no_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AIOCOP_CONFIG", raising=False)
+    _config._warned.clear()
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("allow = ['']", "allow: in rule '': the rule is empty, and would allow every blocking call"),
+        ("allow = ['   ']", "allow: in rule '   ': the rule is empty, and would allow every blocking call"),
+        ("allow = ['# TODO']", "allow: in rule '# TODO': the rule is only a comment, and would allow every"),
+        ("allow = [{}]", "allow: in rule {}: an allow rule needs an event name or module=, path= or call_site="),
+        ("allow = [{ events = [] }]", "an allow rule needs an event name or module=, path= or call_site="),
+        ("allow = ['everything=yes']", "everything= takes only true (leave it out otherwise), got 'yes'"),
+        ("allow = [{ everything = 'yes' }]", "AllowRule.everything must be True or False, not 'yes'"),
+        ("allow = [{ everything = true, module = 'x' }]", "takes no other field"),
+        ("threshold_ms = inf", "threshold_ms: expected a number (milliseconds), got inf"),
+        ("threshold_ms = nan", "threshold_ms: expected a number (milliseconds), got nan"),
+        ("threshold_ms = 1e300", "threshold_ms: expected a number > 0 and <= 3600000 (milliseconds), got 1e+300"),
+        ("sample_rate = nan", "sample_rate: expected a number (a fraction), got nan"),
+        ("threshold_ms = '" + "x" * 5000 + "'", "threshold_ms: expected a number (milliseconds), got 'xxxxxxx"),
+    ],
+)
+def test_a_blank_or_unbounded_value_is_refused(tmp_path: Path, table: str, message: str) -> None:
+    path = pyproject(tmp_path, table)
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    assert str(raised.value).startswith(f"{path} [tool.aiocop]")
+    assert message in str(raised.value)
+    assert len(str(raised.value)) < 600, "a huge value is shortened in the message"
+
+
+def test_allowing_everything_in_the_table_is_spelled_out(tmp_path: Path) -> None:
+    config = load_config(pyproject(tmp_path, "allow = ['everything=true', { everything = true }]"))
+    assert config.allow == (aiocop.AllowRule(everything=True),) * 2
+    assert config.allow_lines == ("everything=true", "everything=true")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"[tool.aiocop]\nthreshold_ms = 5\n# caf\xe9\n", "not UTF-8 text, as TOML must be (invalid continuation byte"),
+        (b"tool = 3\n", "'tool' must be a table ([tool.aiocop] is read from it), got 3"),
+        (b"[tool]\naiocop = 'fast'\n", "[tool.aiocop]: expected a table, got 'fast'"),
+        (b"x = " + b"[" * 100_000 + b"]" * 100_000 + b"\n", "not valid TOML"),
+        (b"[tool.aiocop\n", "not valid TOML"),
+    ],
+)
+def test_a_broken_pyproject_is_one_message_naming_it(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "pyproject.toml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    assert str(raised.value).startswith(str(path))
+    assert message in str(raised.value)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory", "huge"])
+def test_a_configuration_that_is_not_a_small_regular_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    # A FIFO would block open() for ever, /dev/zero never ends: neither may hang a run.
+    path = special_file(tmp_path / "pyproject.toml", kind, monkeypatch)
+    expected = {
+        "fifo": "it is a FIFO (named pipe), not a regular file",
+        "device": "it is a character device, not a regular file",
+        "directory": "it is a directory, not a regular file",
+        "huge": "bytes, more than the 1024 aiocop reads",
+    }[kind]
+    monkeypatch.setattr(_config, "MAX_CONFIG_BYTES", 1024)
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load_config(path)
+    monkeypatch.setenv("AIOCOP_CONFIG", str(path))
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load_config()
+
+
+def special_file(path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    if kind == "fifo":
+        os.mkfifo(path)
+        return path
+    if kind == "device":
+        return Path(os.devnull if not os.path.exists("/dev/zero") else "/dev/zero")
+    if kind == "directory":
+        path.mkdir()
+        return path
+    path.write_text("[tool.aiocop]\n" + "# padding\n" * 200_000)
+    return path
+
+
+def test_the_search_stops_at_the_projects_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_env: None) -> None:
+    # A pyproject.toml above the project's root (a .git or .hg folder) is never read.
+    pyproject(tmp_path, "threshold_ms = 'planted'")
+    for marker in (".git", ".hg"):
+        project = tmp_path / f"project{marker}"
+        (project / marker).mkdir(parents=True)
+        (project / "src" / "pkg").mkdir(parents=True)
+        monkeypatch.chdir(project / "src" / "pkg")
+        assert _config.find_pyproject() is None
+        assert load_config() == ProjectConfig()
+    # A git worktree's .git is a file: the root all the same.
+    worktree = tmp_path / "worktree"
+    worktree.mkdir()
+    (worktree / ".git").write_text("gitdir: /elsewhere\n")
+    monkeypatch.chdir(worktree)
+    assert load_config() == ProjectConfig()
+    # The nearest pyproject.toml is the project's, with or without the table: none above it is read.
+    nested = tmp_path / "plain" / "sub"
+    nested.mkdir(parents=True)
+    (tmp_path / "plain" / "pyproject.toml").write_text("[project]\nname = 'plain'\n")
+    monkeypatch.chdir(nested)
+    assert load_config() == ProjectConfig(source=str(tmp_path / "plain" / "pyproject.toml"))
+
+
+def test_a_found_file_of_another_user_is_ignored_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_env: None
+) -> None:
+    path = pyproject(tmp_path, "threshold_ms = 'planted'")
+    owner = owned_by_someone_else(path, monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(UserWarning, match="aiocop: ignoring") as warned:
+        assert load_config() == ProjectConfig()
+    (warning,) = warned
+    assert str(warning.message) == (
+        f"aiocop: ignoring {path}: it belongs to another user ({owner}; you are uid {_inputs.os.geteuid()}); "
+        "going on with the defaults (set AIOCOP_CONFIG to its path to use it anyway)"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_config() == ProjectConfig()  # warned once, not at every read
+    # Checked before anything else: another user's file is ignored whatever it is (here: too large).
+    monkeypatch.setattr(_config, "MAX_CONFIG_BYTES", 10)
+    _config._warned.clear()
+    with pytest.warns(UserWarning, match="it belongs to another user"):
+        assert load_config() == ProjectConfig()
+    monkeypatch.undo()
+    owned_by_someone_else(path, monkeypatch)
+    # Named by the user, it is read (and here refused for what it says).
+    with pytest.raises(ConfigError, match="threshold_ms: expected a number"):
+        load_config(path)
+    monkeypatch.setenv("AIOCOP_CONFIG", str(path))
+    with pytest.raises(ConfigError, match="threshold_ms: expected a number"):
+        load_config()
+
+
+def test_a_found_file_anyone_can_write_is_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_env: None
+) -> None:
+    path = pyproject(tmp_path, "threshold_ms = 'planted'")
+    path.chmod(0o666)
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(UserWarning, match=re.escape(f"aiocop: ignoring {path}: anyone can write it; going on")):
+        assert load_config() == ProjectConfig()
+    path.chmod(0o644)
+    _config._warned.clear()
+    with pytest.raises(ConfigError, match="threshold_ms"):
+        load_config()
+
+
+# --- baselines -----------------------------------------------------------------------------
+
+
+def baseline_document(**changes: object) -> dict[str, object]:
+    document: dict[str, object] = {
+        "aiocop_baseline": 1,
+        "call_sites": [{"event": "os.stat", "site": "prog.py:main", "count": 1}],
+    }
+    document.update(changes)
+    return document
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            json.dumps(baseline_document(aiocop_baseline=True)),
+            "'aiocop_baseline': expected 1 (the format this aiocop reads and writes), got True",
+        ),
+        (
+            json.dumps(baseline_document(aiocop_baseline=1.0)),
+            "'aiocop_baseline': expected 1 (the format this aiocop reads and writes), got 1.0",
+        ),
+        (
+            json.dumps(baseline_document(aiocop_baseline=2)),
+            "'aiocop_baseline': expected 1 (the format this aiocop reads and writes), got 2",
+        ),
+        (json.dumps(baseline_document(aiocop_baseline="1")), "'aiocop_baseline': expected 1"),
+        (
+            json.dumps({"call_sites": []}),
+            "'aiocop_baseline': expected 1 (the format this aiocop reads and writes), got None",
+        ),
+        (
+            json.dumps(baseline_document(call_sites={"a": 1})),
+            "'call_sites': expected a list of call sites, got {'a': 1}",
+        ),
+        (
+            json.dumps(baseline_document(call_sites=[{"event": "open"}])),
+            "'call_sites'[0]: expected an object with a non-empty string 'event' and 'site', got {'event': 'open'}",
+        ),
+        (
+            json.dumps(baseline_document(call_sites=[{"event": "", "site": "a.py:f"}])),
+            "'call_sites'[0]: expected an object",
+        ),
+        (json.dumps([1, 2]), "expected a JSON object with 'aiocop_baseline' and 'call_sites', got [1, 2]"),
+        ("[" * 100_000 + "]" * 100_000, "nested more than 8 levels deep: not an aiocop baseline"),
+        ('{"a": ' * 50_000 + "1" + "}" * 50_000, "nested more than 8 levels deep"),
+        ("{nope", "not valid JSON: Expecting property name enclosed in double quotes"),
+        ('{"note": "[[[[[[[[[[[[", "aiocop_baseline": 1, "call_sites": []}', ""),  # brackets in strings are text
+    ],
+)
+def test_a_bad_baseline_is_one_message_naming_it(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "baseline.json"
+    path.write_text(content)
+    if not message:
+        assert _baseline.read(str(path)) == frozenset()
+        return
+    with pytest.raises(_baseline.BaselineError) as raised:
+        _baseline.read(str(path))
+    assert str(raised.value).startswith(f"baseline {str(path)!r}: ")
+    assert message in str(raised.value)
+    assert len(str(raised.value)) < 600
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory", "huge", "not-utf8"])
+def test_a_baseline_that_is_not_a_small_regular_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    path = tmp_path / "baseline.json"
+    if kind == "not-utf8":
+        path.write_bytes(b'{"aiocop_baseline": 1, "call_sites": [], "note": "\xff"}')
+    else:
+        path = special_file(path, kind, monkeypatch)
+    monkeypatch.setattr(_baseline, "MAX_BYTES", 1024)
+    expected = {
+        "fifo": "it is a FIFO (named pipe), not a regular file",
+        "device": "it is a character device, not a regular file",
+        "directory": "it is a directory, not a regular file",
+        "huge": "bytes, more than the 1024 aiocop reads",
+        "not-utf8": "not UTF-8 JSON (invalid start byte at byte 50)",
+    }[kind]
+    with pytest.raises(_baseline.BaselineError, match=re.escape(expected)):
+        _baseline.read(str(path))
+
+
+def test_the_baseline_limits_hold_the_files_aiocop_writes(tmp_path: Path) -> None:
+    # 20 000 call sites with long paths: far more than any project records, still readable.
+    counts = {("os.stat", f"src/{'deep/' * 20}module_{n}.py:handler_{n}"): n for n in range(20_000)}
+    path = tmp_path / "baseline.json"
+    _baseline.write(str(path), counts)
+    assert path.stat().st_size < _baseline.MAX_BYTES
+    assert _baseline.read(str(path)) == frozenset(counts)
+
+
+# --- hostile files end to end: the CLI and pytest -----------------------------------------
+
+# What another user can plant in a shared parent folder (/tmp/pyproject.toml).
+HOSTILE = {
+    "threshold-not-a-number": '[tool.aiocop]\nthreshold_ms = "x"\n',
+    "tool-not-a-table": "tool = 3\n",
+    "baseline-dev-zero": '[tool.aiocop]\nbaseline = "/dev/zero"\n',
+    "baseline-fifo": '[tool.aiocop]\nbaseline = "fifo"\n',
+    "empty-allow-rule": '[tool.aiocop]\nallow = [""]\n',
+    "allow-everything": '[tool.aiocop]\nallow = ["everything=true"]\n',
+}
+HOSTILE_ERRORS = {
+    "threshold-not-a-number": "[tool.aiocop] threshold_ms: expected a number (milliseconds), got 'x'",
+    "tool-not-a-table": "'tool' must be a table",
+    "baseline-dev-zero": "[tool.aiocop] baseline: baseline '/dev/zero': it is a character device, not a regular",
+    "baseline-fifo": "[tool.aiocop] baseline: baseline '",
+    "empty-allow-rule": "[tool.aiocop] allow: in rule '': the rule is empty",
+}
+
+BLOCKING_TEST = """
+import asyncio, os
+
+def test_blocks():
+    async def main():
+        os.stat(".")
+    asyncio.run(main())
+"""
+
+
+def hostile_parent(tmp_path: Path, kind: str) -> tuple[Path, Path]:
+    """A shared parent folder with a planted pyproject.toml, and a project under it with no marker of its own."""
+    parent = tmp_path / "shared"
+    project = parent / "work" / "project"
+    project.mkdir(parents=True)
+    (parent / "pyproject.toml").write_text(HOSTILE[kind])
+    os.mkfifo(parent / "fifo")
+    (project / "test_blocks.py").write_text(BLOCKING_TEST)
+    (project / "prog.py").write_text(PROGRAM.format(extra="pass"))
+    return parent / "pyproject.toml", project
+
+
+def run_pytest(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOCOP_", "PYTEST_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def summary(result: subprocess.CompletedProcess[str]) -> tuple[int, str]:
+    return result.returncode, result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_plain_pytest_under_a_hostile_parent_runs_as_without_aiocop(tmp_path: Path, kind: str) -> None:
+    _, project = hostile_parent(tmp_path, kind)
+    without = run_pytest(project, "-p", "no:aiocop")
+    plain = run_pytest(project)
+    # `tool = 3` breaks pytest itself (its own search reads the file): the same with or without aiocop.
+    assert summary(plain)[0] == summary(without)[0] == (1 if kind == "tool-not-a-table" else 0), plain.stderr
+    assert re.sub(r" in [\d.]+s", "", summary(plain)[1]) == re.sub(r" in [\d.]+s", "", summary(without)[1])
+    assert "aiocop" not in plain.stdout + plain.stderr
+    assert plain.stderr == without.stderr
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_ERRORS))
+def test_aiocop_under_a_broken_parent_of_ones_own_is_a_usage_error_naming_it(tmp_path: Path, kind: str) -> None:
+    planted, project = hostile_parent(tmp_path, kind)
+    result = run_pytest(project, "--aiocop")
+    if kind != "tool-not-a-table":  # which pytest itself cannot start with (see above)
+        assert result.returncode == 4, result.stdout + result.stderr  # pytest's usage error
+        assert f"ERROR: {planted}" in result.stderr
+        assert HOSTILE_ERRORS[kind] in result.stderr
+        assert "INTERNALERROR" not in result.stdout + result.stderr and "Traceback" not in result.stderr
+    cli = aiocop_run("run", "--fail-on", "low", "prog.py", cwd=project)
+    assert cli.returncode == 2, cli.stderr
+    assert str(planted) in cli.stderr and HOSTILE_ERRORS[kind] in cli.stderr
+    assert "Traceback" not in cli.stderr
+
+
+@needs_root
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_aiocop_under_a_parent_planted_by_another_user_ignores_it_with_a_warning(tmp_path: Path, kind: str) -> None:
+    planted, project = hostile_parent(tmp_path, kind)
+    os.chown(planted, OTHER_UID, -1)
+    warning = f"aiocop: ignoring {planted}: it belongs to another user (uid {OTHER_UID}; you are uid 0)"
+    if kind != "tool-not-a-table":  # which pytest itself cannot start with (see above)
+        result = run_pytest(project, "--aiocop", "-W", "default")
+        assert result.returncode == 1, result.stdout + result.stderr  # the blocking test fails: defaults apply
+        assert "1 failed" in result.stdout and warning in result.stdout
+        assert result.stdout.count(warning) == 1
+    if kind == "allow-everything":  # a suite whose warnings are errors: a usage error, never INTERNALERROR
+        strict = run_pytest(project, "--aiocop", "-W", "error::pytest.PytestConfigWarning")
+        assert strict.returncode == 4, strict.stdout + strict.stderr
+        assert f"ERROR: {warning}" in strict.stderr and "which the warning filters make an error" in strict.stderr
+        assert "INTERNALERROR" not in strict.stdout + strict.stderr
+    cli = aiocop_run("run", "--fail-on", "low", "prog.py", cwd=project)
+    assert cli.returncode == 3, cli.stderr  # the planted allow-everything rule did not switch the gate off
+    assert cli.stderr.count(warning) == 1
+
+
+def test_pytest_refuses_blank_allow_rules_in_its_ini(pytester: pytest.Pytester) -> None:
+    pytester.makepyprojecttoml(
+        """
+        [tool.pytest.ini_options]
+        aiocop_allow = ["open", "# TODO: decide"]
+        """
+    )
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("--aiocop", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: aiocop_allow (ini): in rule '# TODO: decide': the rule is only a comment*"])
+
+
+def test_a_path_is_printed_with_its_control_characters_escaped(tmp_path: Path) -> None:
+    # A folder name can carry a terminal's escape sequences: a message never prints them raw.
+    folder = tmp_path / "evil\x1b[2J\x07"
+    folder.mkdir()
+    path = pyproject(folder, 'fail_on = "x\\u001b[31m"')  # a TOML escape: the value holds ESC
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    message = str(raised.value)
+    assert "\x1b" not in message and "\x07" not in message
+    assert "evil\\x1b[2J\\x07" in message and "'x\\x1b[31m'" in message
+
+
+def test_every_test_the_security_page_names_exists() -> None:
+    # The page says which test holds each line: a renamed or deleted test must not leave it lying.
+    page = (Path(ROOT) / "docs" / "concepts" / "security.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`(tests/\w+\.py)::(\w+)`", page))
+    assert len(named) > 20
+    missing = [
+        f"{file}::{name}" for file, name in sorted(named) if f"def {name}(" not in (Path(ROOT) / file).read_text()
+    ]
+    assert missing == []
+
+
+def test_a_file_name_with_a_nul_is_refused_not_a_traceback(tmp_path: Path) -> None:
+    path = pyproject(tmp_path, 'baseline = "base\\u0000line.json"')  # TOML lets a string hold NUL
+    baseline = load_config(path).baseline
+    assert baseline is not None
+    with pytest.raises(_baseline.BaselineError, match="a file name cannot hold a NUL character"):
+        _baseline.read(baseline)
+    with pytest.raises(ConfigError, match="a file name cannot hold a NUL character"):
+        load_config(str(tmp_path / "py\0project.toml"))

@@ -7,6 +7,7 @@ run checks many tests, each with its own expected outcome.
 
 from __future__ import annotations
 
+import os
 import re
 import textwrap
 from pathlib import Path
@@ -799,13 +800,6 @@ def test_plugin_off_changes_nothing(pytester: pytest.Pytester, args: tuple[str, 
             id="fail-on",
         ),
         pytest.param(
-            ("--aiocop-fail-on=severe",),
-            "",
-            "",
-            "--aiocop-fail-on: expected one of low, medium, high, got 'severe'",
-            id="fail-on-while-off",
-        ),
-        pytest.param(
             ("--aiocop", "--aiocop-threshold-ms=abc"),
             "",
             "",
@@ -816,15 +810,54 @@ def test_plugin_off_changes_nothing(pytester: pytest.Pytester, args: tuple[str, 
             ("--aiocop", "--aiocop-threshold-ms=-5"),
             "",
             "",
-            "--aiocop-threshold-ms: expected a number of milliseconds >= 0 (0: off), got -5.0",
+            "--aiocop-threshold-ms: expected a number of milliseconds >= 0 (0: off) and at most 3600000 (an hour), "
+            "got -5.0",
             id="threshold-negative",
         ),
         pytest.param(
             ("--aiocop", "--aiocop-threshold-ms=nan"),
             "",
             "",
-            "--aiocop-threshold-ms: expected a number of milliseconds >= 0 (0: off), got nan",
+            "--aiocop-threshold-ms: expected a number of milliseconds >= 0 (0: off) and at most 3600000 (an hour), "
+            "got nan",
             id="threshold-nan",
+        ),
+        pytest.param(
+            ("--aiocop", "--aiocop-threshold-ms=inf"),
+            "",
+            "",
+            "--aiocop-threshold-ms: expected a number of milliseconds >= 0 (0: off) and at most 3600000 (an hour), "
+            "got inf",
+            id="threshold-inf",
+        ),
+        pytest.param(
+            ("--aiocop", "--aiocop-baseline="),
+            "",
+            "",
+            "--aiocop-baseline: expected a file name, got ''",
+            id="empty-baseline-flag",
+        ),
+        pytest.param(
+            ("--aiocop", "--aiocop-allow="),
+            "",
+            "",
+            "--aiocop-allow: in rule '': the rule is empty, and would allow every blocking call: write event names "
+            "and/or module=, path=, call_site= (or everything=true to allow every call)",
+            id="empty-allow-flag",
+        ),
+        pytest.param(
+            ("--aiocop", "--aiocop-allow=   "),
+            "",
+            "",
+            "--aiocop-allow: in rule '': the rule is empty*",
+            id="blank-allow-flag",
+        ),
+        pytest.param(
+            ("--aiocop", "--aiocop-allow=# TODO"),
+            "",
+            "",
+            "--aiocop-allow: in rule '# TODO': the rule is only a comment, and would allow every blocking call*",
+            id="comment-allow-flag",
         ),
         pytest.param(
             ("--aiocop",),
@@ -841,7 +874,7 @@ def test_plugin_off_changes_nothing(pytester: pytest.Pytester, args: tuple[str, 
             id="ini-trace-depth-not-a-whole-number",
         ),
         pytest.param(
-            (),
+            ("--aiocop",),
             "aiocop_check_sync = maybe\n",
             "",
             "aiocop_check_sync (ini): *'maybe'",
@@ -874,7 +907,7 @@ def test_plugin_off_changes_nothing(pytester: pytest.Pytester, args: tuple[str, 
             "aiocop_allow = open modul=x\n",
             "",
             "aiocop_allow (ini): in rule 'open modul=x': unknown field 'modul' (did you mean 'module'?): expected "
-            "event names and module=, path= or call_site=",
+            "event names and module=, path=, call_site= or everything=",
             id="ini-unknown-field",
         ),
         pytest.param(
@@ -890,7 +923,7 @@ def test_plugin_off_changes_nothing(pytester: pytest.Pytester, args: tuple[str, 
             "",
             "@pytest.mark.aiocop_allow(modul='x')\ndef test_x():\n    pass\n",
             "test_bad.py::test_x: @pytest.mark.aiocop_allow: unknown keyword 'modul' (did you mean 'module'?): "
-            "expected module=, path= or call_site=",
+            "expected module=, path=, call_site= or everything=",
             id="marker-unknown-keyword",
         ),
         pytest.param(
@@ -954,3 +987,47 @@ def _stable(line: str) -> bool:
     # Lines without run-to-run details (temporary paths, task numbers,
     # timings) and other than the test's heading.
     return not any(part in line for part in ("open(/", "Task-", "loop held")) and not line.startswith("____")
+
+
+OFF_BUT_BROKEN = """
+import pytest
+
+@pytest.mark.aiocop_allow("no.such.event")
+@pytest.mark.aiocop_check("yes")
+def test_x():
+    pass
+"""
+
+
+def test_plugin_off_reads_nothing_of_aiocops(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Switched off, aiocop reads none of its settings: bad ini keys and flags,
+    # bad markers, a broken [tool.aiocop], AIOCOP_CONFIG naming a FIFO (whose
+    # open() would wait for ever). The run is the one pytest makes without it.
+    pytester.makepyprojecttoml('[tool.aiocop]\nthreshold_ms = "x"\nbaseline = "/dev/zero"\n')
+    fifo = pytester.path / "fifo"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("AIOCOP_CONFIG", str(fifo))
+    pytester.makepyfile(test_off=OFF_BUT_BROKEN)
+    ini = "aiocop_threshold_ms = abc\naiocop_check_sync = maybe\naiocop_allow = opn\naiocop_baseline = fifo\n"
+    result = run(pytester, "--aiocop-fail-on=severe", "--aiocop-allow=", "--aiocop-trace-depth=0", ini=ini)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    expect(result, {"test_x": ["PASSED"]})
+    without = run(pytester, "-p", "no:aiocop", ini=ini)
+    assert without.ret == pytest.ExitCode.OK
+    expect(without, {"test_x": ["PASSED"]})
+    # Switched on, the same settings are a usage error naming the first of them.
+    on = run(pytester, "--aiocop", ini=ini)
+    assert on.ret == pytest.ExitCode.USAGE_ERROR
+    on.stderr.fnmatch_lines([f"ERROR: {fifo}: it is a FIFO (named pipe), not a regular file"])
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux) to fail the write at the end")
+def test_a_baseline_that_cannot_be_written_fails_the_run(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
+    result = run(pytester, "--aiocop", "--aiocop-write-baseline=/dev/full")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(["aiocop: could not write the baseline /dev/full: [[]Errno 28[]] No space left*"])
+    for bad in ("", "."):
+        refused = run(pytester, "--aiocop", f"--aiocop-write-baseline={bad}")
+        assert refused.ret == pytest.ExitCode.USAGE_ERROR
+        refused.stderr.fnmatch_lines([f"ERROR: --aiocop-write-baseline: expected a file name, got {bad!r}*"])
