@@ -62,7 +62,6 @@ DEFAULT_TRACE_DEPTH = 10
 
 
 # Read by the attach command only (never by `run`, nor at import): seconds the target may take to start.
-ATTACH_START_TIMEOUT_ENV = "AIOCOP_ATTACH_START_TIMEOUT_S"
 
 
 def _positive(kind: type[float] | type[int], at_most: float = math.inf) -> Any:
@@ -283,12 +282,13 @@ def session(argv: Sequence[str] | None = None) -> Generator[Program, int, int]:
     if argv[0] == "attach":
         settings = parser.parse_args(argv)
         _check_output(attach_parser(), "--json", settings.json)
-        problem = _env_seconds_problem(ATTACH_START_TIMEOUT_ENV)
-        if problem is not None:
-            _usage_error(attach_parser(), problem)
         # Imported for this command only: `run` never loads attach, nor reads its environment.
         from aiocop import _attach  # noqa: PLC0415
 
+        try:  # checked before anything else, on any Python, as a usage error
+            _attach.start_timeout_s()
+        except _attach.UsageError as problem:
+            _usage_error(attach_parser(), str(problem))
         return _attach.main(
             settings.pid, settings.seconds, settings.threshold_ms, settings.json, settings.fail_on, settings.top
         )
@@ -325,20 +325,6 @@ def _check_output(parser: argparse.ArgumentParser, flag: str, path: str | None) 
     # /dev/stdout, or a file one may write in a folder one may not: fine.
     if not folder_ok and not (os.path.exists(path) and os.access(path, os.W_OK)):
         _usage_error(parser, f"{flag}: cannot write a file in {folder!r}")
-
-
-def _env_seconds_problem(name: str) -> str | None:
-    """What is wrong with a number of seconds in the environment variable `name` (None: unset or fine)."""
-    text = os.environ.get(name)
-    if not text:  # unset, or set to nothing: the default, as for AIOCOP_CONFIG
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        return f"the environment variable {name}: expected a number of seconds, got {text!r}"
-    if not 0 < value <= 86400.0:  # also refuses NaN and infinity
-        return f"the environment variable {name}: expected a number of seconds > 0 and <= 86400, got {text!r}"
-    return None
 
 
 def _warn(message: str) -> None:

@@ -443,8 +443,8 @@ def test_attach_checks_its_environment_with_a_clear_error(value: str) -> None:
         check=False,
     )
     assert result.returncode == 2, result.stderr
-    assert "the environment variable AIOCOP_ATTACH_START_TIMEOUT_S: expected a number of seconds" in result.stderr
-    assert repr(value) in result.stderr
+    assert "AIOCOP_ATTACH_START_TIMEOUT_S=" in result.stderr
+    assert "expected a number of seconds above 0" in result.stderr
     assert "Traceback" not in result.stderr
 
 
