@@ -7,10 +7,14 @@ its Runner raises (rloop 0.5: `RuntimeError: Cannot close a running event
 loop`, after an `OSError: [Errno 9]` in its self-pipe set-up). Each batch of
 rounds is a separate process: `baseline` never imports aiocop, `aiocop` calls
 `start_blocking_io_detection()` and `detect_slow_tasks(threshold_ms=10)`;
-`detection` and `watchdog` are one of the two only. Batches alternate
-(A B A B ...) so that the machine's load weighs on every mode alike.
+`detection` and `watchdog` are one of the two only; `before` is `aiocop`
+with the aiocop package found under `--before PATH` (another checkout, to
+compare a change with what it replaces). Batches alternate (A B A B ...) so
+that the machine's load weighs on every mode alike. The rate depends on the
+machine's load far more than on aiocop (1-4 % here, for the baseline):
+compare modes of one invocation only.
 
-    python benchmarks/rloop_close_race.py [--runs 1000] [--batch 200] [--modes baseline,aiocop]
+    python benchmarks/rloop_close_race.py [--runs 1000] [--batch 200] [--modes baseline,aiocop] [--before PATH]
 
 The cause (see docs/how-to/loops.md, rloop section): rloop 0.5 closes its
 self-pipe's two descriptors in Rust, then drops the Python socket objects
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -31,7 +36,11 @@ import time
 CHILD = r"""
 import asyncio, json, sys, threading, time
 mode, rounds = sys.argv[1], int(sys.argv[2])
-if mode in ("aiocop", "detection", "watchdog"):
+if mode == "before":
+    sys.path.insert(0, sys.argv[3])
+    import aiocop
+    assert aiocop.__file__.startswith(sys.argv[3]), aiocop.__file__
+if mode in ("aiocop", "detection", "watchdog", "before"):
     import aiocop
     if mode != "watchdog":
         aiocop.start_blocking_io_detection()
@@ -61,7 +70,7 @@ for _ in range(rounds):
 print(json.dumps({"runs": 2 * rounds, "errors": errors}))
 """
 
-MODES = ("baseline", "aiocop", "detection", "watchdog")
+MODES = ("baseline", "aiocop", "detection", "watchdog", "before")
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -78,6 +87,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1000, help="runs per mode (two per round)")
     parser.add_argument("--batch", type=int, default=200, help="runs per process")
     parser.add_argument("--modes", default="baseline,aiocop", help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--before", default="", help="for the `before` mode: a directory holding an aiocop package")
     args = parser.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
@@ -85,6 +95,13 @@ def main() -> None:
         parser.error(f"--modes: unknown {unknown} (choose from {', '.join(MODES)})")
     if args.runs < 2 or args.batch < 2:
         parser.error("--runs and --batch must be at least 2")
+    before = os.path.abspath(args.before) if args.before else ""
+    if ("before" in modes) != bool(before) or (
+        before and not os.path.isfile(os.path.join(before, "aiocop", "__init__.py"))
+    ):
+        parser.error(
+            "--before PATH (a directory with an aiocop package in it) goes with the `before` mode, and only with it"
+        )
     totals = {m: {"runs": 0, "failures": 0, "kinds": {}} for m in modes}
     started = time.perf_counter()
     while any(t["runs"] < args.runs for t in totals.values()):
@@ -94,7 +111,7 @@ def main() -> None:
             if total["runs"] >= args.runs:
                 continue
             out = subprocess.run(
-                [sys.executable, "-c", CHILD, mode, str(rounds)], capture_output=True, text=True, check=True
+                [sys.executable, "-c", CHILD, mode, str(rounds), before], capture_output=True, text=True, check=True
             )
             result = json.loads(out.stdout.strip().splitlines()[-1])
             total["runs"] += result["runs"]
