@@ -309,7 +309,7 @@ class Watchdog:
         and a wake-up at every start made it take the GIL just as the loop's
         thread reached its next blocking call: two rloop threads starting
         and stopping loops in step met rloop 0.5's self-pipe double close
-        (issue 31, docs/how-to/loops.md) several times more often.
+        (issue 31, docs/how-to/loops.md) up to five times as often.
         """
         self._last_active = perf_counter()  # written before _sleeping_long is read (see _next_interval)
         if self._sleeping_long:

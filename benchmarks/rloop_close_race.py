@@ -20,7 +20,9 @@ The cause (see docs/how-to/loops.md, rloop section): rloop 0.5 closes its
 self-pipe's two descriptors in Rust, then drops the Python socket objects
 that still own the same numbers, which close them again. If another thread
 creates a descriptor in between (the other loop's next run creating its own
-self-pipe), that second close closes the other thread's new descriptor.
+self-pipe), that second close closes the other thread's new descriptor. aiocop used to
+make this up to five times as frequent (it woke its watchdog at every loop
+start); the counts before and after the fix are in the docs' table.
 """
 
 from __future__ import annotations

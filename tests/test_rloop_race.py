@@ -5,7 +5,7 @@ its Rust core, then again when the Python sockets that still own the numbers
 are dropped. A descriptor another thread opened in between is closed under
 it, and that thread's loop fails (`Cannot close a running event loop`).
 The race is rloop's (`benchmarks/rloop_close_race.py` counts it with and
-without aiocop); aiocop made it several times more frequent by waking its
+without aiocop); aiocop made it up to five times as frequent by waking its
 watchdog at every loop start, which then took the GIL right in the two
 threads' start/stop sequences. These tests pin both: rloop's double close
 and the workaround the docs give for it (deterministically, by opening
