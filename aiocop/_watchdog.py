@@ -265,6 +265,9 @@ class Watchdog:
         self._waker.acquire()
         self._last_scan = 0.0
         self._last_active = 0.0  # last poll that saw a loop do something
+        # Whether the sleep under way (or about to begin) is the long idle one:
+        # only then does a loop's start cut it short (loop_started).
+        self._sleeping_long = True
         self.polls = 0  # polls completed, and whether one is under way: what sync() waits on
         self._polling = False
 
@@ -297,6 +300,20 @@ class Watchdog:
         self._last_active = perf_counter()
         with contextlib.suppress(RuntimeError):  # already released, not yet slept on again
             self._waker.release()
+
+    def loop_started(self) -> None:
+        """A loop started: have it looked at from its first step.
+
+        The watchdog is woken only from its long idle sleep. Already looking
+        every few milliseconds, it sees the new loop at its next look anyway,
+        and a wake-up at every start made it take the GIL just as the loop's
+        thread reached its next blocking call: two rloop threads starting
+        and stopping loops in step met rloop 0.5's self-pipe double close
+        (issue 31, docs/how-to/loops.md) up to five times as often.
+        """
+        self._last_active = perf_counter()  # written before _sleeping_long is read (see _next_interval)
+        if self._sleeping_long:
+            self.wake()
 
     def _run(self) -> None:
         # Sleeps are timed waits on a held lock: as cheap as time.sleep (each
@@ -352,12 +369,20 @@ class Watchdog:
 
     def _next_interval(self, busy: bool, active: bool) -> float:
         now = perf_counter()
+        self._sleeping_long = False
         if busy:
             self._last_active = now
             return sampling.busy_poll_ms / 1000.0
         if active:
             self._last_active = now
         if now - self._last_active < _FAST_FOR_S:
+            return _FAST_IDLE_S
+        # Published before _last_active is read again: a loop_started() that
+        # saw the short sleep (and woke nobody) wrote _last_active before,
+        # and is seen here.
+        self._sleeping_long = True
+        if perf_counter() - self._last_active < _FAST_FOR_S:
+            self._sleeping_long = False
             return _FAST_IDLE_S
         # Nothing has run for a while: look less often (each wake-up of this
         # thread is its main cost). A stall shorter than this interval that
@@ -865,4 +890,4 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-_loops.on_change = watchdog.wake
+_loops.on_change = watchdog.loop_started

@@ -49,6 +49,7 @@ RUN_ELSEWHERE = {
     "examples/opentelemetry/quickstart.py": "tests/test_opentelemetry.py",
     "examples/opentelemetry/fleet_app.py": "tests/test_prometheus.py",
     "examples/opentelemetry/worker_metrics.py": "tests/test_prometheus.py",
+    "examples/rloop_self_pipe.py": "tests/test_rloop_race.py",
 }
 # Examples run here, by the test named.
 RUN_HERE = {
