@@ -95,6 +95,14 @@ def to_record(event: SlowTaskEvent) -> dict[str, Any]:
     }
     if event.culprit:
         record["culprit"] = event.culprit
+    if event.ongoing:
+        record["ongoing"] = True
+    if event.hang_reports:
+        record["hang_reports"] = event.hang_reports
+        record["hung_ms"] = round(event.hung_ms, 3)
+    if event.blocker:
+        record["blocker"] = event.blocker
+        record["blocker_trace"] = event.blocker_trace
     if event.cpu_stack_samples:
         record["stack_samples"] = [{"trace": s["trace"], "count": s["count"]} for s in event.cpu_stack_samples]
     if event.dropped_events:
@@ -111,6 +119,8 @@ def _plain(value: object) -> object:
 def describe(event: SlowTaskEvent, *, max_calls: int = 10) -> str:
     """A readable, multi-line account of one event, with the offending lines."""
     where = f" in task {event.task_name!r}" if event.task_name else " in a callback"
+    if event.ongoing:
+        return describe_hang(event)
     if event.reason == "cpu_blocking":
         lines = [
             f"loop stalled for {event.elapsed_ms:.1f} ms{where} (impact {event.impact}): "
@@ -142,8 +152,45 @@ def describe(event: SlowTaskEvent, *, max_calls: int = 10) -> str:
             lines.append(f"  ... and {hidden} more")
         if event.cpu_stack_samples:
             lines.append(f"  the loop was also stuck at: {event.cpu_stack_samples[0]['trace']}")
+    if event.hang_reports:
+        lines.append(
+            f"  reported as a hang {event.hang_reports} time{'s' if event.hang_reports != 1 else ''} "
+            f"while it ran; it held the loop {event.hung_ms / 1000.0:.1f} s in all"
+        )
     if event.context:
         lines.append("  context: " + ", ".join(f"{k}={v!r}" for k, v in event.context.items()))
+    return "\n".join(lines)
+
+
+def hang_headline(event: SlowTaskEvent) -> str:
+    """One line for a hang report: the loop, how long, where, and what it is doing."""
+    where = f"task {event.task_name!r}" if event.task_name else "a callback"
+    again = f", report {event.hang_reports}" if event.hang_reports > 1 else ""
+    return (
+        f"loop HUNG for {event.elapsed_ms / 1000.0:.1f} s (still running{again}) in {where} on thread "
+        f"{event.thread_name!r}: {event.culprit or 'no stack'} at {call_site(event)}"
+    )
+
+
+def describe_hang(event: SlowTaskEvent) -> str:
+    """A hang report with its whole stack, innermost frame first, each with its source line."""
+    lines = [hang_headline(event), f"  loop: {event.loop}"]
+    if event.context:
+        lines.append("  context: " + ", ".join(f"{k}={v!r}" for k, v in event.context.items()))
+    if event.blocker:
+        lines.append(f"  blocked by: {event.blocker}")
+        if event.blocker_trace:
+            lines.append("    its stack: " + event.blocker_trace)
+    samples = event.cpu_stack_samples
+    if samples:
+        lines.append("  stack (innermost first):")
+        for filename, lineno, function in samples[0].get("frames", ()):
+            lines.append(f"    {filename}:{lineno} in {function}")
+            text = linecache.getline(filename, lineno).strip()
+            if text:
+                lines.append(f"      {text}")
+        if not samples[0].get("frames"):
+            lines.append(f"    {samples[0]['trace']}")
     return "\n".join(lines)
 
 
