@@ -298,7 +298,7 @@ class Watchdog:
             self._enabled = True
             if _on_gc not in gc.callbacks:
                 gc.callbacks.append(_on_gc)
-            if _loops.watches or _loops.retired:
+            if _loops.watches or _loops.retired or _loops.unannounced_loops_possible():
                 self._spawn()
 
     def _spawn(self) -> None:
@@ -349,10 +349,16 @@ class Watchdog:
         if not self._control.acquire(True, 1.0):
             return
         try:
-            if self.thread_alive and not _loops.watches and not _loops.retired:
-                self._retire_thread()
+            if self.thread_alive and not _loops.watches:
+                self._retire_thread()  # (which finishes the steps of loops that stopped, as it ends)
         finally:
             self._control.release()
+
+    def _after_fork_in_parent(self) -> None:
+        # The thread _before_fork ended, if loops that announce nothing must still be looked for.
+        if self._enabled and not self.thread_alive and _loops.unannounced_loops_possible():
+            with self._control:
+                self._spawn()
 
     def wake(self) -> None:
         """Look at the loops now (a loop started, or the watchdog is stopping)."""
@@ -365,7 +371,7 @@ class Watchdog:
         if _loops.watches or _loops.retired:
             self._last_loop = now
             return False
-        return now - self._last_loop >= _IDLE_STOP_S
+        return now - self._last_loop >= _IDLE_STOP_S and not _loops.unannounced_loops_possible()
 
     def _leave_if_idle(self, me: threading.Thread) -> bool:
         # Decided under _control: a loop registering now either is seen here
@@ -973,11 +979,15 @@ def _after_fork_in_child() -> None:
     watchdog._waker = allocate_lock()
     watchdog._waker.acquire()
     _loops.reinit_after_fork()
-    if watchdog._enabled and _loops.watches:  # forked by a thread running a loop, which runs on in the child
+    # Forked by a thread running a loop, which runs on in the child (or loops
+    # that announce nothing may start).
+    if watchdog._enabled and (_loops.watches or _loops.unannounced_loops_possible()):
         with watchdog._control:
             watchdog._spawn()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=watchdog._before_fork, after_in_child=_after_fork_in_child)
+    os.register_at_fork(
+        before=watchdog._before_fork, after_in_parent=watchdog._after_fork_in_parent, after_in_child=_after_fork_in_child
+    )
 _loops.on_change = watchdog.loop_started
