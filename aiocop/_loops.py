@@ -251,6 +251,8 @@ def unannounced_loops_possible() -> bool:
     """Whether a loop that announces nothing may start (its module is imported): the watchdog must look for it."""
     modules = sys.modules
     return any(name in modules for name in UNANNOUNCED_LOOP_MODULES)
+
+
 _MISSING = object()
 # The two calls wrapped below, as they were before aiocop wrapped them. Kept
 # once set, never reset: anyone who bound a wrapper while aiocop was installed

@@ -988,6 +988,8 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(
-        before=watchdog._before_fork, after_in_parent=watchdog._after_fork_in_parent, after_in_child=_after_fork_in_child
+        before=watchdog._before_fork,
+        after_in_parent=watchdog._after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
     )
 _loops.on_change = watchdog.loop_started
