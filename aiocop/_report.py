@@ -257,9 +257,20 @@ class Summary:
         self._lock = _forksafe.lock()
         self.events = 0
         self.dropped_calls = 0
+        # Hung steps: the latest report of each (by loop thread), and whether
+        # it ended since (its final event is counted in the rows, as any step).
+        self._hangs: dict[int, SlowTaskEvent] = {}
+        self._hangs_ended: dict[int, SlowTaskEvent] = {}
 
     def __call__(self, event: SlowTaskEvent) -> None:
+        if event.ongoing:
+            with self._lock:
+                self._hangs[event.thread_id] = event
+                self._hangs_ended.pop(event.thread_id, None)
+            return
         with self._lock:
+            if event.hang_reports and event.thread_id in self._hangs:
+                self._hangs_ended[event.thread_id] = event
             self.events += 1
             self.dropped_calls += event.dropped_events
             touched: set[tuple[str, str]] = set()
@@ -311,8 +322,31 @@ class Summary:
                 counts[key] = counts.get(key, 0) + n
         return counts
 
+    def hangs(self) -> list[tuple[SlowTaskEvent, SlowTaskEvent | None]]:
+        """Each hung step's latest hang report, with its final event if it ended since (else None)."""
+        with self._lock:
+            return [(report, self._hangs_ended.get(thread)) for thread, report in self._hangs.items()]
+
+    def render_hangs(self) -> str:
+        """The hung loops first: each one's latest report, still hung ones first ("" if none hung)."""
+        hangs = sorted(self.hangs(), key=lambda pair: pair[1] is not None)
+        if not hangs:
+            return ""
+        still = sum(1 for _, ended in hangs if ended is None)
+        out = [f"aiocop: {len(hangs)} loop(s) hung during the run, {still} still hung now:"]
+        for report, ended in hangs:
+            state = "STILL HUNG" if ended is None else f"ended, after {ended.hung_ms / 1000.0:.1f} s"
+            out.append(f"[{state}] latest report:")
+            out.append(describe_hang(report))
+        return "\n".join(out)
+
     def render(self, limit: int | None = None) -> str:
-        """The rows as a plain-text table."""
+        """The rows as a plain-text table, after the hung loops if any."""
+        hangs = self.render_hangs()
+        table = self._render_rows(limit)
+        return f"{hangs}\n\n{table}" if hangs else table
+
+    def _render_rows(self, limit: int | None = None) -> str:
         rows = self.rows()
         if not rows:
             return "aiocop: no blocking calls or stalls were seen on the event loop."
@@ -366,6 +400,11 @@ class Summary:
             "dropped_calls": self.dropped_calls,
             "worst_impact": self.worst_level(),
             "call_sites": [r.to_dict() for r in self.rows()],
+            **(
+                {"hangs": [{**to_record(r), "ended": e is not None} for r, e in hangs]}
+                if (hangs := self.hangs())
+                else {}
+            ),
         }
 
     @classmethod

@@ -437,3 +437,85 @@ def test_opentelemetry_counts_the_hang_and_shows_the_blocked_time_while_it_lasts
         if "thread.name" in p.attributes
     )
     assert [p.value for p in ended["aiocop.hangs"].data.data_points] == [1]
+
+
+HUNG_SCRIPT = """\
+import asyncio, threading
+
+lock = threading.Lock()
+lock.acquire()
+
+
+async def handler():
+    await asyncio.sleep(0)
+    lock.acquire()  # HANGS
+
+
+async def main():
+    await asyncio.get_running_loop().create_task(handler(), name="handler")
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("where", ["main thread", "a thread"])
+def test_the_cli_prints_a_hang_as_it_happens_and_its_report_on_sigterm(tmp_path: Any, where: str) -> None:
+    import os
+    import queue
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    source = HUNG_SCRIPT
+    if where == "a thread":
+        source = source.replace("asyncio.run(main())", "threading.Thread(target=asyncio.run, args=(main(),)).start()")
+    script = tmp_path / "app.py"
+    script.write_text(source)
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if "# HANGS" in text)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aiocop", "run", "--threshold-ms", "100", "--hang-after-ms", "1000", str(script)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        assert process.stderr is not None
+        for text in process.stderr:
+            lines.put(text)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    seen: list[str] = []
+    try:
+        while not any("HUNG" in text for text in seen):
+            text = lines.get(timeout=WAIT_S)
+            assert text is not None, "".join(seen)
+            seen.append(text)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(WAIT_S) == -signal.SIGTERM, "".join(seen)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    while (text := lines.get(timeout=WAIT_S)) is not None:
+        seen.append(text)
+    assert process.stderr is not None
+    process.stderr.close()
+    output = "".join(seen)
+    first, _, report = output.partition("aiocop: terminated by SIGTERM")
+    # As it happened: the line, the task, what it waits in, the stack with its source.
+    assert f"app.py:{line}:handler" in first
+    assert "task 'handler'" in first
+    assert "waiting in lock.acquire()" in first
+    assert "lock.acquire()  # HANGS" in first
+    # On SIGTERM: the report, the hung loop first.
+    assert report, output
+    assert report.lstrip().startswith("aiocop: 1 loop(s) hung during the run, 1 still hung now:\n[STILL HUNG]")
+    assert f"app.py:{line}:handler" in report
