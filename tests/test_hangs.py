@@ -519,3 +519,36 @@ def test_the_cli_prints_a_hang_as_it_happens_and_its_report_on_sigterm(tmp_path:
     assert report, output
     assert report.lstrip().startswith("aiocop: 1 loop(s) hung during the run, 1 still hung now:\n[STILL HUNG]")
     assert f"app.py:{line}:handler" in report
+
+
+def test_the_pytest_plugin_writes_the_hang_into_the_output_of_a_test_pytest_timeout_kills(
+    pytester: pytest.Pytester,
+) -> None:
+    from tests.pytester_args import QUIET
+
+    pytester.makepyfile(
+        test_stuck="""
+        import asyncio, threading
+        import aiocop
+
+        LOCK = threading.Lock()
+        LOCK.acquire()
+
+        async def handler():
+            await asyncio.sleep(0)
+            LOCK.acquire()  # HANGS
+
+        def test_stuck():
+            aiocop.detect_slow_tasks(threshold_ms=100, hang_after_ms=1000)
+            asyncio.run(handler())
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        *QUIET, "--aiocop", "--aiocop-threshold-ms=100", "--timeout=10", "--timeout-method=thread", timeout=120
+    )
+    output = result.stdout.str() + result.stderr.str()
+    # pytest-timeout ended the run (os._exit), showing what the test had written: the hang, at its line.
+    assert "Timeout" in output, output
+    assert "loop HUNG for" in output, output
+    assert "test_stuck.py:9:handler" in output, output
+    assert "LOCK.acquire()  # HANGS" in output, output
