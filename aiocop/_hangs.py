@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-from aiocop import _callbacks, _delivery, _frames, _hook, _loops, _state, _watchdog
+from aiocop import _callbacks, _culprit, _delivery, _frames, _hook, _loops, _state, _watchdog
 from aiocop._events import SlowTaskEvent
 from aiocop._frames import Kind
 
@@ -62,6 +62,7 @@ class Hang:
     found_group: bool  # the step made a blocking call (its providers ran then, or none was registered)
     blocker: str
     blocker_trace: str
+    wrapped: str  # the call an aiocop wrapper on top of the stack waits in ("threading.RLock.__enter__"), or ""
 
 
 def report(watch: LoopWatch, step: Step, innermost: FrameType, now: float) -> None:
@@ -73,6 +74,7 @@ def report(watch: LoopWatch, step: Step, innermost: FrameType, now: float) -> No
         return  # the hung task runs under monitored(False)
     group = _group_of(watch, step)
     blocker, blocker_trace = _blocker(innermost)
+    wrapped = _wrapped_call(innermost)
     hang = Hang(
         watch,
         task,
@@ -84,6 +86,7 @@ def report(watch: LoopWatch, step: Step, innermost: FrameType, now: float) -> No
         group is not None,
         blocker,
         blocker_trace,
+        wrapped,
     )
     reporter.submit(hang)
 
@@ -101,6 +104,31 @@ def _stack(innermost: FrameType, root: FrameType) -> Stack:
             break
         f = f.f_back
     return tuple(frames)
+
+
+# Lock types as users know them (`threading.Lock()` makes a `_thread.lock`).
+_KNOWN_AS = {"_thread.lock": "threading.Lock", "_thread.RLock": "threading.RLock"}
+
+
+def _wrapped_call(innermost: FrameType) -> str:
+    # A loop stuck inside one of aiocop's wrappers (a `with lock:`, whose
+    # line shows no call to name) waits in the call that wrapper wraps.
+    if innermost.f_globals.get("__name__") != "aiocop._wrappers":
+        return ""
+    try:
+        local = innermost.f_locals
+        original, held = local.get("original"), local.get("self")
+    except Exception:  # a frame's locals, read from another thread: never let it break a report
+        return ""
+    name = getattr(original, "__name__", None)
+    if not isinstance(name, str):
+        return ""
+    if held is not None:
+        kind = type(held)
+        owner = f"{kind.__module__}.{kind.__qualname__}"
+        return f"{_KNOWN_AS.get(owner, owner)}.{name}"
+    module = getattr(original, "__module__", None)
+    return f"{module}.{name}" if isinstance(module, str) else name
 
 
 def _group_of(watch: LoopWatch, step: Step) -> Any:
@@ -169,7 +197,8 @@ def _thread_trace(ident: int) -> str:
     frame = sys._current_frames().get(ident)
     texts: list[str] = []
     while frame is not None and len(texts) < _MAX_BLOCKER_DEPTH:
-        texts.append(_delivery._frame(frame.f_code, frame.f_lasti)[1])
+        if _frames.frame_kind(frame) != Kind.AIOCOP:
+            texts.append(_delivery._frame(frame.f_code, frame.f_lasti)[1])
         frame = frame.f_back
     return " <- ".join(texts)
 
@@ -198,7 +227,7 @@ def build_event(hang: Hang) -> SlowTaskEvent:
         thread_id=hang.watch.thread_id,
         loop=hang.watch.loop_name,
         call_site=samples[0]["app_site"] if samples else "",
-        culprit=_watchdog.describe(stack, hang.waiting),
+        culprit=_culprit_of(hang, stack),
         impact="high",
         ongoing=True,
         hang_reports=hang.number,
@@ -206,6 +235,16 @@ def build_event(hang: Hang) -> SlowTaskEvent:
         blocker=hang.blocker,
         blocker_trace=hang.blocker_trace,
     )
+
+
+def _culprit_of(hang: Hang, stack: list[tuple[Stack, int]]) -> str:
+    described = _watchdog.describe(stack, hang.waiting)
+    if hang.wrapped and hang.waiting and not described.startswith("waiting in"):
+        # The line is no call (`with lock:`): name the call the wrapper waits in.
+        method = hang.wrapped.rpartition(".")[2]
+        kind = "lock" if method == "__enter__" else _culprit.WAITS.get(method, "")  # (aiocop wraps locks' only)
+        return f"waiting in {hang.wrapped}" + (f" ({kind})" if kind else "")
+    return described
 
 
 def _context(hang: Hang) -> dict[str, Any]:

@@ -343,8 +343,14 @@ class Summary:
     def render(self, limit: int | None = None) -> str:
         """The rows as a plain-text table, after the hung loops if any."""
         hangs = self.render_hangs()
-        table = self._render_rows(limit)
-        return f"{hangs}\n\n{table}" if hangs else table
+        if not hangs:
+            return self._render_rows(limit)
+        table = (
+            self._render_rows(limit)
+            if self.rows()
+            else "aiocop: no other blocking call or stall was seen (a hung step's calls are reported when it ends)."
+        )
+        return f"{hangs}\n\n{table}"
 
     def _render_rows(self, limit: int | None = None) -> str:
         rows = self.rows()

@@ -459,8 +459,8 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize("where", ["main thread", "a thread"])
-def test_the_cli_prints_a_hang_as_it_happens_and_its_report_on_sigterm(tmp_path: Any, where: str) -> None:
+def run_until_hung(arguments: list[str], cwd: Any) -> str:
+    """`python -m aiocop run ...` until it prints a hang, then SIGTERM: what it wrote (it must die of the signal)."""
     import os
     import queue
     import signal
@@ -469,18 +469,12 @@ def test_the_cli_prints_a_hang_as_it_happens_and_its_report_on_sigterm(tmp_path:
 
     from tests.conftest import ROOT
 
-    source = HUNG_SCRIPT
-    if where == "a thread":
-        source = source.replace("asyncio.run(main())", "threading.Thread(target=asyncio.run, args=(main(),)).start()")
-    script = tmp_path / "app.py"
-    script.write_text(source)
-    line = next(i for i, text in enumerate(source.splitlines(), 1) if "# HANGS" in text)
     process = subprocess.Popen(
-        [sys.executable, "-m", "aiocop", "run", "--threshold-ms", "100", "--hang-after-ms", "1000", str(script)],
+        [sys.executable, "-m", "aiocop", "run", *arguments],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
-        cwd=tmp_path,
+        cwd=cwd,
         env={**os.environ, "PYTHONPATH": ROOT},
     )
     lines: queue.Queue[str | None] = queue.Queue()
@@ -508,7 +502,18 @@ def test_the_cli_prints_a_hang_as_it_happens_and_its_report_on_sigterm(tmp_path:
         seen.append(text)
     assert process.stderr is not None
     process.stderr.close()
-    output = "".join(seen)
+    return "".join(seen)
+
+
+@pytest.mark.parametrize("where", ["main thread", "a thread"])
+def test_the_cli_prints_a_hang_as_it_happens_and_its_report_on_sigterm(tmp_path: Any, where: str) -> None:
+    source = HUNG_SCRIPT
+    if where == "a thread":
+        source = source.replace("asyncio.run(main())", "threading.Thread(target=asyncio.run, args=(main(),)).start()")
+    script = tmp_path / "app.py"
+    script.write_text(source)
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if "# HANGS" in text)
+    output = run_until_hung(["--threshold-ms", "100", "--hang-after-ms", "1000", str(script)], tmp_path)
     first, _, report = output.partition("aiocop: terminated by SIGTERM")
     # As it happened: the line, the task, what it waits in, the stack with its source.
     assert f"app.py:{line}:handler" in first
@@ -519,6 +524,28 @@ def test_the_cli_prints_a_hang_as_it_happens_and_its_report_on_sigterm(tmp_path:
     assert report, output
     assert report.lstrip().startswith("aiocop: 1 loop(s) hung during the run, 1 still hung now:\n[STILL HUNG]")
     assert f"app.py:{line}:handler" in report
+
+
+def test_the_hangs_how_to_example() -> None:
+    """examples/hangs/deadlock.py, run as docs/how-to/hangs.md runs it."""
+    from pathlib import Path
+
+    from tests.conftest import ROOT
+
+    example = Path(ROOT) / "examples" / "hangs" / "deadlock.py"
+    lines = example.read_text().splitlines()
+    deadlock = next(i for i, text in enumerate(lines, 1) if "# DEADLOCK" in text)
+    refresh = next(i for i, text in enumerate(lines, 1) if "# REFRESH" in text)
+    output = run_until_hung(["--hang-after-ms", "1000", "examples/hangs/deadlock.py"], ROOT)
+    first = output.partition("aiocop: terminated by SIGTERM")[0]
+    assert (
+        "in task 'request-0' on thread 'MainThread': waiting in threading.RLock.__enter__ (lock) at "
+        f"examples/hangs/deadlock.py:{deadlock}:handle"
+    ) in first
+    assert "context: request_id='req-0'" in first
+    assert "blocked by: thread 'cache-refresher'" in first
+    assert f"its stack: examples/hangs/deadlock.py:{refresh}:refresh_cache <- " in first
+    assert "[STILL HUNG]" in output
 
 
 def test_the_pytest_plugin_writes_the_hang_into_the_output_of_a_test_pytest_timeout_kills(
