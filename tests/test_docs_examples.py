@@ -49,6 +49,7 @@ RUN_ELSEWHERE = {
     "examples/opentelemetry/quickstart.py": "tests/test_opentelemetry.py",
     "examples/opentelemetry/fleet_app.py": "tests/test_prometheus.py",
     "examples/opentelemetry/worker_metrics.py": "tests/test_prometheus.py",
+    "examples/hangs/deadlock.py": "tests/test_hangs.py",
 }
 # Examples run here, by the test named.
 RUN_HERE = {
