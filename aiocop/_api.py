@@ -13,7 +13,7 @@ from aiocop import (
     _delivery,
     _forksafe,
     _frames,
-    _hangs,  # noqa: F401  # sets the watchdog's hang reporter
+    _hangs,
     _hook,
     _loops,
     _rules,
@@ -49,6 +49,8 @@ logger = logging.getLogger("aiocop")
 # than once an hour watches nothing, and past ~10^9 s the wait itself fails.
 _HOUR_MS = 3_600_000.0
 _DAY_MS = 86_400_000.0
+# How long stop() waits for hang reports being delivered.
+_HANG_REPORTS_AT_STOP_S = 1.0
 # What threshold_ms=0 (a 1.x setting) is taken as.
 _MIN_THRESHOLD_MS = 1.0
 
@@ -272,6 +274,7 @@ def stop_watchdog() -> None:
         _watchdog.watchdog.stop()
         _hook.register_loop = None
         _loops.uninstall()
+    _hangs.reporter.stop(_HANG_REPORTS_AT_STOP_S)
 
 
 def _at_exit() -> None:

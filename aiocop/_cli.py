@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import aiocop
 from aiocop import _attach, _baseline, _state
 from aiocop._config import ConfigError, load_config, parse_allow_line
+from aiocop._events import is_hang_report
 from aiocop._frames import set_app_paths
 from aiocop._report import Summary, describe, describe_hang
 from aiocop._severity import level_rank
@@ -446,7 +447,7 @@ def _print_event(event: SlowTaskEvent) -> None:
 
 def _print_hang(event: SlowTaskEvent) -> None:
     # Hangs are printed as they happen, whatever --verbose says (from aiocop's own thread).
-    if event.ongoing:
+    if is_hang_report(event):
         print("aiocop: " + describe_hang(event), file=sys.stderr, flush=True)
 
 

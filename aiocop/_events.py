@@ -204,3 +204,14 @@ class SlowTaskEvent:
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(SlowTaskEvent))
+
+
+def is_hang_report(event: SlowTaskEvent) -> bool:
+    """Whether `event` is a hang report (`ongoing`), read without building the fields of any other event.
+
+    An event aiocop builds lazily (every one but a hang report) is never
+    ongoing: reading its `ongoing` would format all its fields, which a
+    callback that only counts events (the OpenTelemetry instrumentor) avoids.
+    """
+    state = event.__dict__
+    return "_resolve" not in state and bool(state.get("ongoing", False))

@@ -305,6 +305,21 @@ class _Reporter:
             finally:
                 self._busy_since = 0.0
 
+    def stop(self, timeout: float) -> None:
+        """Deliver what is queued within `timeout` seconds, then drop (count, log) the rest: for `aiocop.stop()`.
+
+        A callback still running then (one that blocks) is left to finish;
+        no queued report starts after this returns.
+        """
+        if self.idle(timeout):
+            return
+        with self._lock:
+            left = len(self._queue)
+            self._queue.clear()
+            self.dropped += left
+        if left:
+            logger.warning("aiocop: %d hang report(s) dropped at stop(): a slow-task callback did not return", left)
+
     def idle(self, timeout: float) -> bool:
         """Wait until every queued report has been delivered (tests, stop); False after `timeout` s."""
         deadline = perf_counter() + timeout

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, cast, overload
 
 from aiocop import _delivery, _forksafe, _hook, _loops, _watchdog
 from aiocop._baseline import Key, call_keys, stall_key
+from aiocop._events import is_hang_report
 from aiocop._report import STALL, call_site, describe, describe_hang, source_line
 from aiocop._severity import level_rank, level_threshold
 
@@ -40,7 +41,7 @@ class Recorder:
         self._open: list[SlowTaskEvent] | None = None
 
     def __call__(self, event: SlowTaskEvent) -> None:
-        if event.ongoing:
+        if is_hang_report(event):
             # A hang, while the test is stuck in it: into the test's output
             # now (captured, it is shown with the failure, and pytest-timeout
             # shows it when it kills the test). Its step's final event, if it

@@ -50,6 +50,7 @@ except ImportError as error:  # pragma: no cover - the message is the point
 
 from aiocop import _api, _callbacks, _forksafe, _hangs, _state, _watchdog
 from aiocop._delivery import record_call, record_site, step_view
+from aiocop._events import is_hang_report
 from aiocop._probe import DelayProbe
 from aiocop._severity import get_severity_level_from_score
 from aiocop._sites import FILE, FUNCTION, LINE, OTHER, Attributes, RateLimit, SiteTable
@@ -325,7 +326,7 @@ class _Recorder:
         self.span_limit = RateLimit(options["span_events_per_second"])
 
     def __call__(self, event: SlowTaskEvent) -> None:
-        if event.ongoing:
+        if is_hang_report(event):
             # A hang report (from aiocop's hang-report thread): the step's
             # time is counted by its final event, if it ends.
             if event.hang_reports == 1:
