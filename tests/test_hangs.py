@@ -459,8 +459,11 @@ asyncio.run(main())
 """
 
 
-def run_until_hung(arguments: list[str], cwd: Any) -> str:
-    """`python -m aiocop run ...` until it prints a hang, then SIGTERM: what it wrote (it must die of the signal)."""
+def run_until_hung(arguments: list[str], cwd: Any, signum: int | None = None, status: int | None = None) -> str:
+    """`python -m aiocop run ...` until it prints a hang, then SIGTERM (or `signum`): what it wrote.
+
+    It must end with `status` (default: killed by the signal).
+    """
     import os
     import queue
     import signal
@@ -469,14 +472,20 @@ def run_until_hung(arguments: list[str], cwd: Any) -> str:
 
     from tests.conftest import ROOT
 
+    # As a terminal's Ctrl-C reaches it: a background job may have been started with SIGINT ignored,
+    # which exec keeps (a default action it resets).
+    unignore = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+    )
     process = subprocess.Popen(
-        [sys.executable, "-m", "aiocop", "run", *arguments],
+        [sys.executable, "-c", unignore, sys.executable, "-m", "aiocop", "run", *arguments],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": ROOT},
     )
+    signum = signal.SIGTERM if signum is None else signum
     lines: queue.Queue[str | None] = queue.Queue()
 
     def read() -> None:
@@ -492,8 +501,8 @@ def run_until_hung(arguments: list[str], cwd: Any) -> str:
             text = lines.get(timeout=WAIT_S)
             assert text is not None, "".join(seen)
             seen.append(text)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(WAIT_S) == -signal.SIGTERM, "".join(seen)
+        process.send_signal(signum)
+        assert process.wait(WAIT_S) == (-signum if status is None else status), "".join(seen)
     finally:
         if process.poll() is None:
             process.kill()
@@ -523,6 +532,24 @@ def test_the_cli_prints_a_hang_as_it_happens_and_its_report_on_sigterm(tmp_path:
     # On SIGTERM: the report, the hung loop first.
     assert report, output
     assert report.lstrip().startswith("aiocop: 1 loop(s) hung during the run, 1 still hung now:\n[STILL HUNG]")
+    assert f"app.py:{line}:handler" in report
+
+
+def test_ctrl_c_while_hung_prints_the_report_hangs_first(tmp_path: Any) -> None:
+    import signal
+
+    # Under asyncio.run(), Python's first Ctrl-C asks the main task to cancel, which a hung loop cannot
+    # do, and the second raises KeyboardInterrupt; a loop run directly gets it at the first.
+    source = HUNG_SCRIPT.replace("asyncio.run(main())", "asyncio.new_event_loop().run_until_complete(main())")
+    script = tmp_path / "app.py"
+    script.write_text(source)
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if "# HANGS" in text)
+    output = run_until_hung(
+        ["--threshold-ms", "100", "--hang-after-ms", "1000", str(script)], tmp_path, signal.SIGINT, status=130
+    )
+    report = output.partition("KeyboardInterrupt")[2]
+    # The interrupt ended the hung call (Python interrupts a lock's wait): the hang is shown first, as ended.
+    assert report.lstrip().startswith("aiocop: 1 loop(s) hung during the run, 0 still hung now:\n[ended, after"), output
     assert f"app.py:{line}:handler" in report
 
 
