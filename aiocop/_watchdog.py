@@ -282,7 +282,8 @@ class Watchdog:
         self._polling = False
         self._enabled = False  # start() until stop(): the thread runs while loops do
         self._leaving = False  # the thread has decided to end (no loop for _IDLE_STOP_S)
-        self._last_loop = 0.0  # last look that saw a loop registered
+        self._idle_since = 0.0  # first look of the current spell with no loop registered (0: a loop is)
+        self._started_off_main = False  # start() was called from a thread other than the main one
 
     @property
     def running(self) -> bool:
@@ -298,7 +299,8 @@ class Watchdog:
             self._enabled = True
             if _on_gc not in gc.callbacks:
                 gc.callbacks.append(_on_gc)
-            if _loops.watches or _loops.retired or _loops.unannounced_loops_possible():
+            self._started_off_main = threading.current_thread() is not threading.main_thread()
+            if _loops.watches or _loops.retired or self._unseen_loops_possible():
                 self._spawn()
 
     def _spawn(self) -> None:
@@ -310,7 +312,7 @@ class Watchdog:
         self._leaving = False
         thread = threading.Thread(target=self._run, name="aiocop-watchdog", daemon=True)
         self._thread = thread
-        self._last_loop = perf_counter()
+        self._idle_since = 0.0
         thread.start()
 
     def loop_started(self) -> None:
@@ -346,19 +348,25 @@ class Watchdog:
         # pool made at start-up): the idle thread ends first, so that the
         # child is made by a single-threaded process (3.12+ warns otherwise).
         # It starts again with the next loop.
-        if not self._control.acquire(True, 1.0):
+        # Never waits: a thread holding it (starting or stopping the watchdog,
+        # or a thread the fork will leave behind) must not hold up the fork.
+        if not _acquire(self._control, False):
             return
         try:
-            if self.thread_alive and not _loops.watches:
+            if self.thread_alive and not _loops.watches and not self._unseen_loops_possible():
                 self._retire_thread()  # (which finishes the steps of loops that stopped, as it ends)
         finally:
             self._control.release()
 
     def _after_fork_in_parent(self) -> None:
         # The thread _before_fork ended, if loops that announce nothing must still be looked for.
-        if self._enabled and not self.thread_alive and _loops.unannounced_loops_possible():
-            with self._control:
+        if self._enabled and not self.thread_alive and self._unseen_loops_possible():
+            if not _acquire(self._control, False):
+                return  # (busy: whoever holds it starts or stops the thread)
+            try:
                 self._spawn()
+            finally:
+                self._control.release()
 
     def wake(self) -> None:
         """Look at the loops now (a loop started, or the watchdog is stopping)."""
@@ -366,12 +374,31 @@ class Watchdog:
         with contextlib.suppress(RuntimeError):  # already released, not yet slept on again
             self._waker.release()
 
-    def _idle_for_long(self, now: float) -> bool:
+    def _idle_for_long(self) -> bool:
         # No loop registered, none stopped unseen, for _IDLE_STOP_S: the thread ends.
-        if _loops.watches or _loops.retired:
-            self._last_loop = now
+        now = perf_counter()
+        if not self._idle_since:
+            self._idle_since = now
             return False
-        return now - self._last_loop >= _IDLE_STOP_S and not _loops.unannounced_loops_possible()
+        return now - self._idle_since >= _IDLE_STOP_S and not self._unseen_loops_possible()
+
+    def _unseen_loops_possible(self) -> bool:
+        """Whether a loop may be running that aiocop was not told of: only the thread's looks would find it.
+
+        One that binds its start signals at import (Leviathan), or one
+        started before aiocop was set up, in another thread (attach's case:
+        set up from its own thread while the main thread runs a loop). A
+        process with no thread but aiocop's and the one that set it up has
+        none: its thread waits for the first loop.
+        """
+        if _loops.unannounced_loops_possible():
+            return True
+        main = threading.main_thread()
+        for thread in threading.enumerate():
+            if thread.name.startswith("aiocop-") or (thread is main and not self._started_off_main):
+                continue
+            return True
+        return False
 
     def _leave_if_idle(self, me: threading.Thread) -> bool:
         # Decided under _control: a loop registering now either is seen here
@@ -399,8 +426,11 @@ class Watchdog:
                 busy, active = False, False
             self.polls += 1  # only this thread writes both, in this order (see sync)
             self._polling = False
-            if self._idle_for_long(perf_counter()) and self._leave_if_idle(me):
-                return
+            if not (_loops.watches or _loops.retired):  # (a loop runs: nothing more to check, the usual case)
+                if self._idle_for_long() and self._leave_if_idle(me):
+                    return
+            elif self._idle_since:
+                self._idle_since = 0.0
             _acquire(self._waker, True, self._next_interval(busy, active))
         # stop() right after a loop's last step: finish that step, whose stall
         # stop() then delivers (drain), rather than leave it in the queue.
@@ -981,7 +1011,7 @@ def _after_fork_in_child() -> None:
     _loops.reinit_after_fork()
     # Forked by a thread running a loop, which runs on in the child (or loops
     # that announce nothing may start).
-    if watchdog._enabled and (_loops.watches or _loops.unannounced_loops_possible()):
+    if watchdog._enabled and (_loops.watches or watchdog._unseen_loops_possible()):
         with watchdog._control:
             watchdog._spawn()
 
