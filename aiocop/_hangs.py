@@ -69,9 +69,9 @@ def report(watch: LoopWatch, step: Step, innermost: FrameType, now: float) -> No
     """Called by the watchdog (its thread) with a step still running past `hang_after_ms`."""
     if not _state.active:
         return  # deactivate() pauses every report
+    # Reported even in a monitored(False) scope (an unsampled request): a
+    # hung loop stops every request, and a report costs them nothing.
     task = step.task if step.task is not None else _watchdog.StalledTask.of(watch.loop, step.root)
-    if not task.monitored:
-        return  # the hung task runs under monitored(False)
     group = _group_of(watch, step)
     blocker, blocker_trace = _blocker(innermost)
     wrapped = _wrapped_call(innermost)

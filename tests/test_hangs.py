@@ -222,6 +222,21 @@ def test_hung_loops_in_threads_several_at_once(hangs: Hangs, loop_name: str) -> 
         check_report(event, f"test_hangs.py:{line_of(wait_for_lock, '# HANGS')}:wait_for_lock")
 
 
+async def unsampled_wait_for_lock(lock: threading.Lock) -> None:
+    with aiocop.monitored(False):  # as the ASGI middleware leaves the requests it does not sample
+        await wait_for_lock(lock)
+
+
+def test_a_hang_is_reported_in_an_unsampled_request_too(hangs: Hangs) -> None:
+    lock = threading.Lock()
+    lock.acquire()
+    releaser, seen = released_after_report(hangs, lock.release)
+    run_on("asyncio", serve(unsampled_wait_for_lock(lock)))
+    releaser.join()
+    assert seen == [True], "a hung loop stops every request: sampled out or not, it is reported"
+    check_report(hangs.events[0], f"test_hangs.py:{line_of(wait_for_lock, '# HANGS')}:wait_for_lock")
+
+
 def test_hang_after_none_reports_a_hang_only_when_it_ends(detector: Collector, loop_name: str) -> None:
     aiocop.detect_slow_tasks(threshold_ms=50, hang_after_ms=None)
     lock = threading.Lock()
