@@ -239,9 +239,14 @@ def build_event(hang: Hang) -> SlowTaskEvent:
 
 def _culprit_of(hang: Hang, stack: list[tuple[Stack, int]]) -> str:
     described = _watchdog.describe(stack, hang.waiting)
-    if hang.wrapped and hang.waiting and not described.startswith("waiting in"):
-        # The line is no call (`with lock:`): name the call the wrapper waits in.
-        method = hang.wrapped.rpartition(".")[2]
+    if not (hang.wrapped and hang.waiting):
+        return described
+    method = hang.wrapped.rpartition(".")[2]
+    called = described.removeprefix("waiting in ") if described.startswith("waiting in ") else ""
+    if not called or _culprit.callee(called) != method:
+        # The line shows no call to the method the wrapper waits in (`with
+        # lock:`: no call before 3.14, a call of the lock itself from 3.14):
+        # name that method.
         kind = "lock" if method == "__enter__" else _culprit.WAITS.get(method, "")  # (aiocop wraps locks' only)
         return f"waiting in {hang.wrapped}" + (f" ({kind})" if kind else "")
     return described
