@@ -7,7 +7,20 @@ import atexit
 import logging
 from typing import TYPE_CHECKING, Any, get_args
 
-from aiocop import _allow, _callbacks, _delivery, _frames, _hook, _loops, _rules, _state, _watchdog, _wrappers
+from aiocop import (
+    _allow,
+    _callbacks,
+    _delivery,
+    _forksafe,
+    _frames,
+    _hangs,
+    _hook,
+    _loops,
+    _rules,
+    _state,
+    _watchdog,
+    _wrappers,
+)
 from aiocop._config import ProjectConfig, load_config
 from aiocop._scope import ContextVarScope
 from aiocop._severity import level_threshold
@@ -35,6 +48,9 @@ logger = logging.getLogger("aiocop")
 # The watchdog's intervals are waits of its thread: a watchdog that looks less
 # than once an hour watches nothing, and past ~10^9 s the wait itself fails.
 _HOUR_MS = 3_600_000.0
+_DAY_MS = 86_400_000.0
+# How long stop() waits for hang reports being delivered.
+_HANG_REPORTS_AT_STOP_S = 1.0
 # What threshold_ms=0 (a 1.x setting) is taken as.
 _MIN_THRESHOLD_MS = 1.0
 
@@ -83,6 +99,7 @@ def detect_slow_tasks(
     threshold_ms: float = 30,
     on_slow_task: SlowTaskCallback | None = None,
     cpu_sampling: bool = True,
+    hang_after_ms: float | None = 5000,
 ) -> None:
     """Report steps that hold their loop for `threshold_ms` or more.
 
@@ -100,8 +117,17 @@ def detect_slow_tasks(
         cpu_sampling: Whether events carry the stack samples of where the
             loop was stuck. `False` (as in 1.x): stalls are still reported,
             without samples.
+        hang_after_ms: A step still running this long is reported while it
+            runs: a `SlowTaskEvent(reason="hang", ongoing=True)` with the
+            loop thread's stack at that moment, sent from aiocop's own
+            thread to the same callbacks, and again after twice as long each
+            time (at most 5 minutes apart) while it stays stuck. Its usual
+            event follows if it ends, with `hang_reports` and `hung_ms`.
+            Taken as at least `threshold_ms`. `None`: hangs are reported
+            only when they end. Added in 2.0.
     """
     check_bool("cpu_sampling", cpu_sampling)
+    hang_after = None if hang_after_ms is None else check_ms("hang_after_ms", hang_after_ms, _DAY_MS)
     if threshold_ms == 0 and not isinstance(threshold_ms, bool):
         logger.warning("aiocop: detect_slow_tasks(threshold_ms=0) is taken as 1 ms, the shortest stall it times")
         threshold_ms = _MIN_THRESHOLD_MS
@@ -109,11 +135,11 @@ def detect_slow_tasks(
     if on_slow_task is not None:
         check_callable("on_slow_task", on_slow_task, 1)
     _state.config.threshold_ms = threshold
+    _state.config.hang_after_ms = hang_after
     if on_slow_task is not None:
         _callbacks.register_slow_task_callback(on_slow_task)
     _watchdog.sampling.share_samples = cpu_sampling
-    if not _watchdog.watchdog.running:
-        _start_watchdog()
+    _start_watchdog()  # (idempotent: and never left half undone by a stop() from another thread)
 
 
 def start_cpu_sampling(
@@ -159,10 +185,16 @@ def start_cpu_sampling(
     _start_watchdog()
 
 
+# Starting and stopping the watchdog from several threads at once: each one
+# whole, so that the watchdog is never left on with loop starts untracked.
+_watchdog_switch = _forksafe.lock()
+
+
 def _start_watchdog() -> None:
-    _loops.install()
-    _hook.register_loop = _loops.ensure_registered
-    _watchdog.watchdog.start()
+    with _watchdog_switch:
+        _loops.install()
+        _hook.register_loop = _loops.ensure_registered
+        _watchdog.watchdog.start()
 
 
 # What configure() applied last: its allow rules are taken back when it runs again.
@@ -238,9 +270,11 @@ def stop_interception() -> None:
 
 def stop_watchdog() -> None:
     """End the stall watchdog and the tracking of loop starts (`_start_watchdog` undone)."""
-    _watchdog.watchdog.stop()
-    _hook.register_loop = None
-    _loops.uninstall()
+    with _watchdog_switch:
+        _watchdog.watchdog.stop()
+        _hook.register_loop = None
+        _loops.uninstall()
+    _hangs.reporter.stop(_HANG_REPORTS_AT_STOP_S)
 
 
 def _at_exit() -> None:

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import runpy
+import signal
 import sys
 import threading
 import types
@@ -22,9 +23,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import aiocop
 from aiocop import _baseline, _state
 from aiocop._config import MAX_THRESHOLD_MS, ConfigError, parse_allow_line, read_config
+from aiocop._events import is_hang_report
 from aiocop._frames import set_app_paths
 from aiocop._inputs import open_for_writing
-from aiocop._report import Summary, describe
+from aiocop._report import Summary, describe, describe_hang
 from aiocop._severity import level_rank
 
 if TYPE_CHECKING:
@@ -45,6 +47,7 @@ LEVELS = ("low", "medium", "high")
 _VALUE_OPTIONS = frozenset(
     {
         "--threshold-ms",
+        "--hang-after-ms",
         "--trace-depth",
         "--json",
         "--fail-on",
@@ -171,6 +174,14 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "--write-baseline",
         metavar="FILE",
         help="record every call site this run reports in FILE, as the baseline later runs compare with",
+    )
+    run.add_argument(
+        "--hang-after-ms",
+        type=_positive(float),
+        default=5000.0,
+        metavar="MS",
+        help="print a loop still stuck in one step after this long, while it is stuck, with its stack "
+        "(default: 5000); on SIGTERM, the report shows hung loops first",
     )
     run.add_argument("--top", type=_positive(int), default=20, metavar="N", help="rows shown (default: 20)")
     run.add_argument("-v", "--verbose", action="store_true", help="also print each event as it is reported")
@@ -426,23 +437,29 @@ def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> 
         _state.config.threshold_ms = resolved.threshold_ms
         aiocop.register_slow_task_callback(summary)
     else:
-        aiocop.detect_slow_tasks(threshold_ms=resolved.threshold_ms, on_slow_task=summary)
+        aiocop.detect_slow_tasks(
+            threshold_ms=resolved.threshold_ms, on_slow_task=summary, hang_after_ms=settings.hang_after_ms
+        )
     set_app_paths(resolved.app_paths, resolved.library_paths)
     for rule in resolved.allow:
         aiocop.add_allow_rule(rule)
-    if settings.verbose:
-        aiocop.register_slow_task_callback(_print_event)
+    aiocop.register_slow_task_callback(_print_event if settings.verbose else _print_hang)
     pid = os.getpid()
-    status = yield program  # run by the caller: nothing of aiocop's on the stack meanwhile
-    if os.getpid() != pid:
-        return status  # a forked child that returned: the summary is the parent's to print
+    restore = _report_on_sigterm(summary, settings.top)
     try:
-        _wait_for_threads()
-    except KeyboardInterrupt:
-        status = 130
+        status = yield program  # run by the caller: nothing of aiocop's on the stack meanwhile
+        if os.getpid() != pid:
+            return status  # a forked child that returned: the summary is the parent's to print
+        try:
+            _wait_for_threads()
+        except KeyboardInterrupt:
+            status = 130
+    finally:
+        restore()
     aiocop.stop()  # delivers what is still pending
     aiocop.unregister_slow_task_callback(summary)
     aiocop.unregister_slow_task_callback(_print_event)
+    aiocop.unregister_slow_task_callback(_print_hang)
 
     for rule in resolved.allow:
         aiocop.remove_allow_rule(rule)
@@ -520,6 +537,49 @@ def program_failed(error: BaseException) -> int:
         return _exit_status(error.code)
     _print_program_error(error)
     return 130 if isinstance(error, KeyboardInterrupt) else 1
+
+
+def _print_hang(event: SlowTaskEvent) -> None:
+    # Hangs are printed as they happen, whatever --verbose says (from aiocop's own thread).
+    if is_hang_report(event):
+        print("aiocop: " + describe_hang(event), file=sys.stderr, flush=True)
+
+
+def _report_on_sigterm(summary: Summary, top: int | None) -> Callable[[], None]:
+    """On SIGTERM (an orchestrator ending a hung service), print the report, hung loops first, and die of it.
+
+    At once, from the handler, as the signal's default action would end
+    the process at once: the report shows the loops as they are hung at
+    that moment. Only where the program has not chosen what SIGTERM does
+    (its own handler or SIG_IGN stays), and only from the main thread.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return lambda: None
+    pid = os.getpid()
+
+    def handler(signum: int, frame: Any) -> None:
+        if os.getpid() == pid:  # not a forked child (a pool's worker ended by its pool): the report is ours
+            with contextlib.suppress(Exception):  # (stderr closed, or in use by the interrupted write)
+                print("\naiocop: terminated by SIGTERM\n" + summary.render(limit=top), file=sys.stderr, flush=True)
+        _die_by(signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+    def restore() -> None:
+        if signal.getsignal(signal.SIGTERM) is handler:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    return restore
+
+
+def _die_by(signum: int) -> NoReturn:
+    # Ended as the signal would have ended it: a parent sees "killed by SIGTERM".
+    sys.stderr.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # (if the signal is blocked on this thread)
 
 
 def _execute(program: Program) -> int:

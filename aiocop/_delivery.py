@@ -238,6 +238,12 @@ def _step_fields(
         "call_site": events[0]["app_site"] if events else samples[0]["app_site"] if samples else "",
         "culprit": stall.culprit() if stall is not None else "",
         "impact": impact_level(group.score, elapsed_ms, threshold_ms),
+        # Reported as a hang while it ran (issue 25): say so, and for how long.
+        "hang_reports": stall.hang_reports if stall is not None else 0,
+        "hung_ms": elapsed_ms if stall is not None and stall.hang_reports else 0.0,
+        "ongoing": False,
+        "blocker": "",
+        "blocker_trace": "",
     }
 
 

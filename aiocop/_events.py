@@ -99,7 +99,8 @@ class SlowTaskEvent:
         severity_score: Sum of the weights of `blocking_events`.
         severity_level: `"low"`, `"medium"` or `"high"`.
         reason: `"io_blocking"` when blocking calls were intercepted,
-            `"cpu_blocking"` when only the watchdog saw the step.
+            `"cpu_blocking"` when only the watchdog saw the step, `"hang"`
+            for a step reported while it still runs (see `ongoing`).
         blocking_events: The step's blocking calls, in call order.
         context: What the registered context providers returned, evaluated in
             the step's context (contextvars as at its first blocking call).
@@ -124,6 +125,25 @@ class SlowTaskEvent:
             twice the threshold `"high"`). The one measure the CLI, the logs
             and the pytest plugin rank and fail on, for calls and stalls
             alike. Added in 2.0.
+        ongoing: The step was still running when this event was made: a
+            hang report (`reason="hang"`), sent by the watchdog while the
+            loop is stuck, again at growing intervals while it stays stuck.
+            `elapsed_ms` is then how long it has held the loop so far; its
+            usual event follows when (if) it ends. Added in 2.0.
+        hang_reports: How many hang reports were made of this step: on a
+            hang report its number (1 for the first), on the step's final
+            event how many preceded it (0: it was never reported as a hang).
+            Added in 2.0.
+        hung_ms: For a step reported as a hang, how long it held the loop:
+            so far (hang report), or in all (its final event); 0 otherwise.
+            Added in 2.0.
+        blocker: On a hang report, who holds what the loop waits for, where
+            that can be known without slowing anything else down (the owner
+            of an `RLock` or a `Condition` built on one, a thread being
+            joined), e.g. `"thread 'worker' (id 1402..) owns the RLock"`;
+            `""` when not known. Added in 2.0.
+        blocker_trace: That thread's stack, innermost frame first, joined by
+            `" <- "`. Added in 2.0.
     """
 
     elapsed_ms: float
@@ -131,7 +151,7 @@ class SlowTaskEvent:
     exceeded_threshold: bool
     severity_score: int
     severity_level: str
-    reason: Literal["io_blocking", "cpu_blocking"] | str
+    reason: Literal["io_blocking", "cpu_blocking", "hang"] | str
     blocking_events: list[BlockingEventInfo]
     context: dict[str, Any] = field(default_factory=dict)
     cpu_stack_samples: list[CpuStackSample] = field(default_factory=list)
@@ -148,6 +168,11 @@ class SlowTaskEvent:
     call_site: str = field(default_factory=str)
     culprit: str = field(default_factory=str)
     impact: str = field(default_factory=str)
+    ongoing: bool = field(default_factory=bool)
+    hang_reports: int = field(default_factory=int)
+    hung_ms: float = field(default_factory=float)
+    blocker: str = field(default_factory=str)
+    blocker_trace: str = field(default_factory=str)
 
     def __post_init__(self) -> None:
         # An event made by hand (as 1.x's tests and adapters do) ranks like
@@ -179,3 +204,14 @@ class SlowTaskEvent:
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(SlowTaskEvent))
+
+
+def is_hang_report(event: SlowTaskEvent) -> bool:
+    """Whether `event` is a hang report (`ongoing`), read without building the fields of any other event.
+
+    An event aiocop builds lazily (every one but a hang report) is never
+    ongoing: reading its `ongoing` would format all its fields, which a
+    callback that only counts events (the OpenTelemetry instrumentor) avoids.
+    """
+    state = event.__dict__
+    return "_resolve" not in state and bool(state.get("ongoing", False))

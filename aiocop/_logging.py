@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiocop import _callbacks, _forksafe
-from aiocop._report import STALL, call_site, describe, to_record
+from aiocop._report import STALL, call_site, describe, describe_hang, hang_headline, to_record
 from aiocop._validate import check_callable, check_int, check_number
 
 if TYPE_CHECKING:
@@ -90,6 +90,8 @@ class CallSiteLimiter:
 def headline(event: SlowTaskEvent) -> str:
     """One line naming what blocked, where, and for how long."""
     site = call_site(event)
+    if event.ongoing:
+        return f"aiocop: {hang_headline(event)}"
     if event.reason == "cpu_blocking":
         return (
             f"aiocop: loop stalled {event.elapsed_ms:.1f} ms at {site} (impact {event.impact}): "
@@ -134,6 +136,15 @@ class LoggingCallback:
         self.limiter = CallSiteLimiter(repeat_interval_s)
 
     def __call__(self, event: SlowTaskEvent) -> None:
+        if event.ongoing:
+            # A hang, while it lasts: at ERROR at least, always with the
+            # stack, never folded into a call site's count (its repeats are
+            # spaced already, each with a fresh stack).
+            level = max(self.level, logging.ERROR)
+            if self.logger.isEnabledFor(level):
+                message = "aiocop: " + describe_hang(event)
+                self.logger.log(level, "%s", message, extra={"aiocop": to_record(event)})
+            return
         if not self.logger.isEnabledFor(self.level):
             return  # before the limiter: a site first seen while disabled is logged in full later
         occurrence = self.limiter.check(event)
@@ -227,7 +238,7 @@ def structured_fields(event: SlowTaskEvent, occurrence: Occurrence) -> dict[str,
         "task": data.pop("task"),
         "thread": data.pop("thread"),
     }
-    if occurrence.first:
+    if occurrence.first or event.ongoing:
         fields["trace"] = calls[0]["trace"] if calls else _stall_trace(data)
         if len(calls) > 1:
             fields["calls"] = [f"{c['event']}({c['args']}) at {c['entry_point']}" for c in calls]

@@ -240,6 +240,19 @@ def ensure_registered(loop: AbstractEventLoop, base_frame: FrameType | None = No
 
 
 PYTHON_LOOP_PACKAGES = frozenset(f.module.partition(".")[0] for f in LOOP_FRAMES)
+# Modules of loops that bind both start signals when imported (Leviathan):
+# imported before aiocop is set up, they start and stop unseen, and only a
+# look at the threads' stacks finds them. With one imported, the watchdog's
+# thread runs while detection is on, a loop known to run or not.
+UNANNOUNCED_LOOP_MODULES: set[str] = {"leviathan"}
+
+
+def unannounced_loops_possible() -> bool:
+    """Whether a loop that announces nothing may start (its module is imported): the watchdog must look for it."""
+    modules = sys.modules
+    return any(name in modules for name in UNANNOUNCED_LOOP_MODULES)
+
+
 _MISSING = object()
 # The two calls wrapped below, as they were before aiocop wrapped them. Kept
 # once set, never reset: anyone who bound a wrapper while aiocop was installed

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 from _thread import allocate_lock
 from collections.abc import Iterator, Sequence
@@ -20,7 +21,8 @@ from typing import TYPE_CHECKING, cast, overload
 
 from aiocop import _delivery, _forksafe, _hook, _loops, _watchdog
 from aiocop._baseline import Key, call_keys, stall_key
-from aiocop._report import STALL, call_site, describe, source_line
+from aiocop._events import is_hang_report
+from aiocop._report import STALL, call_site, describe, describe_hang, source_line
 from aiocop._severity import level_rank, level_threshold
 
 if TYPE_CHECKING:
@@ -39,6 +41,15 @@ class Recorder:
         self._open: list[SlowTaskEvent] | None = None
 
     def __call__(self, event: SlowTaskEvent) -> None:
+        if is_hang_report(event):
+            # A hang, while the test is stuck in it: into the test's output
+            # now (captured, it is shown with the failure, and pytest-timeout
+            # shows it when it kills the test). Its step's final event, if it
+            # ends, is what can fail the test.
+            with contextlib.suppress(Exception):  # stderr closed or replaced by something odd
+                sys.stderr.write(f"aiocop: {describe_hang(event)}\n")
+                sys.stderr.flush()
+            return
         with self._lock:
             if self._open is not None:
                 self._open.append(event)

@@ -95,6 +95,14 @@ def to_record(event: SlowTaskEvent) -> dict[str, Any]:
     }
     if event.culprit:
         record["culprit"] = event.culprit
+    if event.ongoing:
+        record["ongoing"] = True
+    if event.hang_reports:
+        record["hang_reports"] = event.hang_reports
+        record["hung_ms"] = round(event.hung_ms, 3)
+    if event.blocker:
+        record["blocker"] = event.blocker
+        record["blocker_trace"] = event.blocker_trace
     if event.cpu_stack_samples:
         record["stack_samples"] = [{"trace": s["trace"], "count": s["count"]} for s in event.cpu_stack_samples]
     if event.dropped_events:
@@ -111,6 +119,8 @@ def _plain(value: object) -> object:
 def describe(event: SlowTaskEvent, *, max_calls: int = 10) -> str:
     """A readable, multi-line account of one event, with the offending lines."""
     where = f" in task {event.task_name!r}" if event.task_name else " in a callback"
+    if event.ongoing:
+        return describe_hang(event)
     if event.reason == "cpu_blocking":
         lines = [
             f"loop stalled for {event.elapsed_ms:.1f} ms{where} (impact {event.impact}): "
@@ -142,8 +152,45 @@ def describe(event: SlowTaskEvent, *, max_calls: int = 10) -> str:
             lines.append(f"  ... and {hidden} more")
         if event.cpu_stack_samples:
             lines.append(f"  the loop was also stuck at: {event.cpu_stack_samples[0]['trace']}")
+    if event.hang_reports:
+        lines.append(
+            f"  reported as a hang {event.hang_reports} time{'s' if event.hang_reports != 1 else ''} "
+            f"while it ran; it held the loop {event.hung_ms / 1000.0:.1f} s in all"
+        )
     if event.context:
         lines.append("  context: " + ", ".join(f"{k}={v!r}" for k, v in event.context.items()))
+    return "\n".join(lines)
+
+
+def hang_headline(event: SlowTaskEvent) -> str:
+    """One line for a hang report: the loop, how long, where, and what it is doing."""
+    where = f"task {event.task_name!r}" if event.task_name else "a callback"
+    again = f", report {event.hang_reports}" if event.hang_reports > 1 else ""
+    return (
+        f"loop HUNG for {event.elapsed_ms / 1000.0:.1f} s (still running{again}) in {where} on thread "
+        f"{event.thread_name!r}: {event.culprit or 'no stack'} at {call_site(event)}"
+    )
+
+
+def describe_hang(event: SlowTaskEvent) -> str:
+    """A hang report with its whole stack, innermost frame first, each with its source line."""
+    lines = [hang_headline(event), f"  loop: {event.loop}"]
+    if event.context:
+        lines.append("  context: " + ", ".join(f"{k}={v!r}" for k, v in event.context.items()))
+    if event.blocker:
+        lines.append(f"  blocked by: {event.blocker}")
+        if event.blocker_trace:
+            lines.append("    its stack: " + event.blocker_trace)
+    samples = event.cpu_stack_samples
+    if samples:
+        lines.append("  stack (innermost first):")
+        for filename, lineno, function in samples[0].get("frames", ()):
+            lines.append(f"    {filename}:{lineno} in {function}")
+            text = linecache.getline(filename, lineno).strip()
+            if text:
+                lines.append(f"      {text}")
+        if not samples[0].get("frames"):
+            lines.append(f"    {samples[0]['trace']}")
     return "\n".join(lines)
 
 
@@ -210,9 +257,20 @@ class Summary:
         self._lock = _forksafe.lock()
         self.events = 0
         self.dropped_calls = 0
+        # Hung steps: the latest report of each (by loop thread), and whether
+        # it ended since (its final event is counted in the rows, as any step).
+        self._hangs: dict[int, SlowTaskEvent] = {}
+        self._hangs_ended: dict[int, SlowTaskEvent] = {}
 
     def __call__(self, event: SlowTaskEvent) -> None:
+        if event.ongoing:
+            with self._lock:
+                self._hangs[event.thread_id] = event
+                self._hangs_ended.pop(event.thread_id, None)
+            return
         with self._lock:
+            if event.hang_reports and event.thread_id in self._hangs:
+                self._hangs_ended[event.thread_id] = event
             self.events += 1
             self.dropped_calls += event.dropped_events
             touched: set[tuple[str, str]] = set()
@@ -264,8 +322,37 @@ class Summary:
                 counts[key] = counts.get(key, 0) + n
         return counts
 
+    def hangs(self) -> list[tuple[SlowTaskEvent, SlowTaskEvent | None]]:
+        """Each hung step's latest hang report, with its final event if it ended since (else None)."""
+        with self._lock:
+            return [(report, self._hangs_ended.get(thread)) for thread, report in self._hangs.items()]
+
+    def render_hangs(self) -> str:
+        """The hung loops first: each one's latest report, still hung ones first ("" if none hung)."""
+        hangs = sorted(self.hangs(), key=lambda pair: pair[1] is not None)
+        if not hangs:
+            return ""
+        still = sum(1 for _, ended in hangs if ended is None)
+        out = [f"aiocop: {len(hangs)} loop(s) hung during the run, {still} still hung now:"]
+        for report, ended in hangs:
+            state = "STILL HUNG" if ended is None else f"ended, after {ended.hung_ms / 1000.0:.1f} s"
+            out.append(f"[{state}] latest report:")
+            out.append(describe_hang(report))
+        return "\n".join(out)
+
     def render(self, limit: int | None = None) -> str:
-        """The rows as a plain-text table."""
+        """The rows as a plain-text table, after the hung loops if any."""
+        hangs = self.render_hangs()
+        if not hangs:
+            return self._render_rows(limit)
+        table = (
+            self._render_rows(limit)
+            if self.rows()
+            else "aiocop: no other blocking call or stall was seen (a hung step's calls are reported when it ends)."
+        )
+        return f"{hangs}\n\n{table}"
+
+    def _render_rows(self, limit: int | None = None) -> str:
         rows = self.rows()
         if not rows:
             return "aiocop: no blocking calls or stalls were seen on the event loop."
@@ -319,6 +406,11 @@ class Summary:
             "dropped_calls": self.dropped_calls,
             "worst_impact": self.worst_level(),
             "call_sites": [r.to_dict() for r in self.rows()],
+            **(
+                {"hangs": [{**to_record(r), "ended": e is not None} for r, e in hangs]}
+                if (hangs := self.hangs())
+                else {}
+            ),
         }
 
     @classmethod

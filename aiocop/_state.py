@@ -27,6 +27,9 @@ class Config:
     delivery: Delivery = "loop"
     max_events_per_step: int = 64
     raise_min_score: int = THRESHOLD_HIGH
+    # detect_slow_tasks(hang_after_ms=...): a step still running this long is
+    # reported while it runs (reason="hang"); None: never.
+    hang_after_ms: float | None = 5000.0
 
 
 config = Config()

@@ -39,7 +39,7 @@ from operator import itemgetter
 from time import monotonic, perf_counter
 from typing import TYPE_CHECKING, Any
 
-from aiocop import _culprit, _forksafe, _frames, _loops, _state
+from aiocop import _culprit, _forksafe, _frames, _hook, _loops, _state
 from aiocop._frames import Kind
 
 if TYPE_CHECKING:
@@ -84,6 +84,9 @@ class SamplingConfig:
 
 
 _DEFAULT_IDLE_MS = 100.0
+# The watchdog's thread ends once no loop has been running for this long
+# (it starts again with the next loop).
+_IDLE_STOP_S = 5.0
 # The C method, taken before aiocop wraps lock methods: the watchdog sleeps on it.
 _acquire = LockType.acquire
 sampling = SamplingConfig()
@@ -96,6 +99,8 @@ class Step:
         "cpu_first",
         "cpu_last",
         "cpu_prev",
+        "hang_next",
+        "hangs",
         "ident",
         "merged",
         "next_sample",
@@ -136,6 +141,8 @@ class Step:
         # t_prev is when the loop woke from waiting for I/O and timers, not a
         # look: what it ran since then (cpu_first - cpu_prev) came before this step.
         self.woke = False
+        self.hangs = 0  # hang reports made of it while it ran
+        self.hang_next = 0.0  # its age (s) at the next hang report; 0: hang_after_ms from the config
 
     def cpu_rate(self) -> float:
         """The share of a CPU the loop thread got while this step ran (0 when waiting).
@@ -225,6 +232,7 @@ class Stall:
     # The last look that saw the step still running: its real end lies between
     # this and the next look (`end` is an estimate within that gap).
     seen_until: float = 0.0
+    hang_reports: int = 0  # reported as a hang this many times while it ran
 
     def release(self) -> None:
         """Drop the stalled frame and task: once its event exists, it says which task it was."""
@@ -252,6 +260,11 @@ merge_lock = _forksafe.lock()
 report_stall: Any = None
 # Set by _delivery: (watch, stall) -> bool, gives the stall to a pending io event of that loop.
 attach_to_io: Any = None
+# Set by _hangs: (watch, step, innermost frame, now) -> None, reports a step
+# still running past hang_after_ms, while it runs (on this thread: quick).
+report_hang: Any = None
+# The longest time between two hang reports of one step.
+_HANG_REPEAT_MAX_S = 300.0
 
 
 class Watchdog:
@@ -270,30 +283,103 @@ class Watchdog:
         self._sleeping_long = True
         self.polls = 0  # polls completed, and whether one is under way: what sync() waits on
         self._polling = False
+        self._enabled = False  # start() until stop(): the thread runs while loops do
+        self._leaving = False  # the thread has decided to end (no loop for _IDLE_STOP_S)
+        self._idle_since = 0.0  # first look of the current spell with no loop registered (0: a loop is)
+        self._started_off_main = False  # start() was called from a thread other than the main one
 
     @property
     def running(self) -> bool:
+        """Whether stall detection is on (its thread runs only while a loop does: see `loop_started`)."""
+        return self._enabled
+
+    @property
+    def thread_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
         with self._control:
-            if self.running:
-                return
+            self._enabled = True
             if _on_gc not in gc.callbacks:
                 gc.callbacks.append(_on_gc)
-            thread = threading.Thread(target=self._run, name="aiocop-watchdog", daemon=True)
-            self._thread = thread
-            thread.start()
+            self._started_off_main = threading.current_thread() is not threading.main_thread()
+            if _loops.watches or _loops.retired or self._unseen_loops_possible():
+                self._spawn()
+
+    def _spawn(self) -> None:
+        # Under _control. No aiocop thread while no loop runs (issue 24): a
+        # program that never starts one, or forks before it does, sees the
+        # threads it would see without aiocop.
+        if self.thread_alive and self._thread is not None and not self._leaving:
+            return
+        self._leaving = False
+        thread = threading.Thread(target=self._run, name="aiocop-watchdog", daemon=True)
+        self._thread = thread
+        self._idle_since = 0.0
+        thread.start()
+
+    def loop_started(self) -> None:
+        """A loop started (any thread): start the thread if it is not running, and have the loop looked at.
+
+        A running watchdog is woken only from its long idle sleep. Already
+        looking every few milliseconds, it sees the new loop at its next look
+        anyway, and a wake-up at every start made it take the GIL just as the
+        loop's thread reached its next blocking call: two rloop threads
+        starting and stopping loops in step met rloop 0.5's self-pipe double
+        close (issue 31, docs/how-to/loops.md) up to five times as often.
+        """
+        if self._enabled and (not self.thread_alive or self._leaving):
+            state = _hook.current_state()
+            was_busy, state.busy = state.busy, True  # a thread's start waits on an Event: not the app's
+            try:
+                with self._control:
+                    if self._enabled:
+                        self._spawn()
+            finally:
+                state.busy = was_busy
+        self._last_active = perf_counter()  # written before _sleeping_long is read (see _next_interval)
+        if self._sleeping_long:
+            self.wake()
 
     def stop(self) -> None:
         with self._control:
-            thread = self._thread
-            self._thread = None  # the thread sees it is no longer the watchdog, and ends
-            self.wake()
-            if thread is not None and thread is not threading.current_thread():
-                thread.join(2.0)
+            self._enabled = False
+            self._retire_thread()
             if _on_gc in gc.callbacks:
                 gc.callbacks.remove(_on_gc)
+
+    def _retire_thread(self) -> None:
+        # Under _control.
+        thread = self._thread
+        self._thread = None  # the thread sees it is no longer the watchdog, and ends
+        self.wake()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(2.0)
+
+    def _before_fork(self) -> None:
+        # A fork while no loop runs (a pre-fork server's master, a process
+        # pool made at start-up): the idle thread ends first, so that the
+        # child is made by a single-threaded process (3.12+ warns otherwise).
+        # It starts again with the next loop.
+        # Never waits: a thread holding it (starting or stopping the watchdog,
+        # or a thread the fork will leave behind) must not hold up the fork.
+        if not _acquire(self._control, False):
+            return
+        try:
+            if self.thread_alive and not _loops.watches and not self._unseen_loops_possible():
+                self._retire_thread()  # (which finishes the steps of loops that stopped, as it ends)
+        finally:
+            self._control.release()
+
+    def _after_fork_in_parent(self) -> None:
+        # The thread _before_fork ended, if loops that announce nothing must still be looked for.
+        if self._enabled and not self.thread_alive and self._unseen_loops_possible():
+            if not _acquire(self._control, False):
+                return  # (busy: whoever holds it starts or stops the thread)
+            try:
+                self._spawn()
+            finally:
+                self._control.release()
 
     def wake(self) -> None:
         """Look at the loops now (a loop started, or the watchdog is stopping)."""
@@ -301,19 +387,42 @@ class Watchdog:
         with contextlib.suppress(RuntimeError):  # already released, not yet slept on again
             self._waker.release()
 
-    def loop_started(self) -> None:
-        """A loop started: have it looked at from its first step.
+    def _idle_for_long(self) -> bool:
+        # No loop registered, none stopped unseen, for _IDLE_STOP_S: the thread ends.
+        now = perf_counter()
+        if not self._idle_since:
+            self._idle_since = now
+            return False
+        return now - self._idle_since >= _IDLE_STOP_S and not self._unseen_loops_possible()
 
-        The watchdog is woken only from its long idle sleep. Already looking
-        every few milliseconds, it sees the new loop at its next look anyway,
-        and a wake-up at every start made it take the GIL just as the loop's
-        thread reached its next blocking call: two rloop threads starting
-        and stopping loops in step met rloop 0.5's self-pipe double close
-        (issue 31, docs/how-to/loops.md) up to five times as often.
+    def _unseen_loops_possible(self) -> bool:
+        """Whether a loop may be running that aiocop was not told of: only the thread's looks would find it.
+
+        One that binds its start signals at import (Leviathan), or one
+        started before aiocop was set up, in another thread (attach's case:
+        set up from its own thread while the main thread runs a loop). A
+        process with no thread but aiocop's and the one that set it up has
+        none: its thread waits for the first loop.
         """
-        self._last_active = perf_counter()  # written before _sleeping_long is read (see _next_interval)
-        if self._sleeping_long:
-            self.wake()
+        if _loops.unannounced_loops_possible():
+            return True
+        main = threading.main_thread()
+        for thread in threading.enumerate():
+            if thread.name.startswith("aiocop-") or (thread is main and not self._started_off_main):
+                continue
+            return True
+        return False
+
+    def _leave_if_idle(self, me: threading.Thread) -> bool:
+        # Decided under _control: a loop registering now either is seen here
+        # (watches is set before loop_started is called) or finds _leaving set
+        # and starts a new thread.
+        with self._control:
+            if self._thread is not me or _loops.watches or _loops.retired:
+                return False
+            self._leaving = True
+            self._thread = None
+            return True
 
     def _run(self) -> None:
         # Sleeps are timed waits on a held lock: as cheap as time.sleep (each
@@ -330,6 +439,11 @@ class Watchdog:
                 busy, active = False, False
             self.polls += 1  # only this thread writes both, in this order (see sync)
             self._polling = False
+            if not (_loops.watches or _loops.retired):  # (a loop runs: nothing more to check, the usual case)
+                if self._idle_for_long() and self._leave_if_idle(me):
+                    return
+            elif self._idle_since:
+                self._idle_since = 0.0
             _acquire(self._waker, True, self._next_interval(busy, active))
         # stop() right after a loop's last step: finish that step, whose stall
         # stop() then delivers (drain), rather than leave it in the queue.
@@ -349,8 +463,12 @@ class Watchdog:
         thread while the loop runs: it waits.
         """
         thread = self._thread
-        if thread is None or not thread.is_alive() or thread is threading.current_thread():
+        if thread is threading.current_thread():
             return False
+        if thread is None or not thread.is_alive():
+            # Its thread runs only while loops do: with none running or
+            # stopped unseen, there is nothing to wait for.
+            return self._enabled and not _loops.watches and not _loops.retired
         # Read before `polls`: if no poll was under way then, the next one to
         # complete began after the call; if one was, it may have looked before.
         polling = self._polling
@@ -494,7 +612,25 @@ class Watchdog:
                 _sample(step, innermost, watch, now, cpu)
         if proven and age >= _state.config.threshold_ms / 1000.0:
             step.stalled = True
+            hang_after = _state.config.hang_after_ms
+            if hang_after is not None and age >= (step.hang_next or hang_after / 1000.0):
+                self._hang(watch, step, innermost, now, age, hang_after / 1000.0)
         return True
+
+    def _hang(self, watch: LoopWatch, step: Step, innermost: FrameType, now: float, age: float, after: float) -> None:
+        # Still running past hang_after_ms: reported now, from this thread
+        # (the loop can run nothing), and again after twice as long each
+        # time, up to _HANG_REPEAT_MAX_S apart.
+        step.hangs += 1
+        step.hang_next = max(age, step.hang_next) + min(after * 2 ** (step.hangs - 1), _HANG_REPEAT_MAX_S)
+        if report_hang is None:
+            return
+        if step.task is None:
+            step.task = StalledTask.of(watch.loop, step.root)
+        try:
+            report_hang(watch, step, innermost, now)
+        except Exception:
+            logger.exception("aiocop: could not report a hung loop (ignored)")
 
     def _finish(self, watch: LoopWatch, now: float, cpu: float | None = None) -> None:
         step: Step | None = watch.step
@@ -719,7 +855,17 @@ def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
     samples = sorted(step.samples.items(), key=itemgetter(1), reverse=True)  # most common first
     top_waiting = bool(samples) and step.waiting.get(samples[0][0], 0) * 2 >= samples[0][1]
     return Stall(
-        watch, start, end, samples, not step.cpu_bound(), step.root, top_waiting, step.task, step.ident, step.t_last
+        watch,
+        start,
+        end,
+        samples,
+        not step.cpu_bound(),
+        step.root,
+        top_waiting,
+        step.task,
+        step.ident,
+        step.t_last,
+        step.hangs,
     )
 
 
@@ -878,16 +1024,23 @@ watchdog = Watchdog()
 
 
 def _after_fork_in_child() -> None:
-    was_running = watchdog._thread is not None
     watchdog._thread = None
+    watchdog._leaving = False
     watchdog._control = _forksafe.lock()  # (reset by _forksafe too: this one is new and free)
     watchdog._waker = allocate_lock()
     watchdog._waker.acquire()
     _loops.reinit_after_fork()
-    if was_running:
-        watchdog.start()
+    # Forked by a thread running a loop, which runs on in the child (or loops
+    # that announce nothing may start).
+    if watchdog._enabled and (_loops.watches or watchdog._unseen_loops_possible()):
+        with watchdog._control:
+            watchdog._spawn()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(
+        before=watchdog._before_fork,
+        after_in_parent=watchdog._after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 _loops.on_change = watchdog.loop_started

@@ -16,6 +16,10 @@ started if the application has not started it. Recorded:
   threshold, by application line.
 - `aiocop.loop.blocked_time` (counter, s): loop time lost to blocking calls
   and stalls, by application line.
+- `aiocop.hangs` (counter, {hang}): each step reported as a hang while it ran.
+- `aiocop.loop.blocked` (gauge, s): how long each loop has been held by the
+  step it is in now, read when the metrics are collected: a hung loop shows
+  in a scrape while it hangs.
 
 Every call and stall is also an event (`aiocop.blocking_call`,
 `aiocop.stall`) on the span current at the call, a few per call site per
@@ -46,8 +50,9 @@ except ImportError as error:  # pragma: no cover - the message is the point
         "pip install 'aiocop[opentelemetry]'"
     ) from error
 
-from aiocop import _api, _callbacks, _forksafe, _state, _watchdog
+from aiocop import _api, _callbacks, _forksafe, _hangs, _state, _watchdog
 from aiocop._delivery import record_call, record_site, step_view
+from aiocop._events import is_hang_report
 from aiocop._probe import DelayProbe
 from aiocop._severity import get_severity_level_from_score
 from aiocop._sites import FILE, FUNCTION, LINE, OTHER, Attributes, RateLimit, SiteTable
@@ -74,7 +79,7 @@ class Signal:
     """One instrument or span event aiocop records, as docs/reference/opentelemetry.md shows it."""
 
     name: str
-    kind: str  # "histogram", "counter" or "span event"
+    kind: str  # "histogram", "counter", "gauge" or "span event"
     unit: str
     attributes: tuple[str, ...]
     description: str
@@ -123,6 +128,27 @@ SIGNALS: tuple[Signal, ...] = (
         "costs. `.time` under the loop, in seconds, as `process.cpu.time` is.",
     ),
     Signal(
+        "aiocop.hangs",
+        "counter",
+        "{hang}",
+        _CODE,
+        'Steps still running past `hang_after_ms`, reported while they hung (`SlowTaskEvent(reason="hang")`), '
+        "once each, at the application's line where the first report found the loop.",
+        "A hang is a stall that has not ended: counted apart, as it happens, since its stall may never be "
+        "counted (the process is killed first).",
+    ),
+    Signal(
+        "aiocop.loop.blocked",
+        "gauge",
+        "s",
+        ("aiocop.loop", "thread.name"),
+        "How long each running loop has been held by the step it is in now, if that step is past the "
+        "threshold (0 otherwise), read when the metrics are collected (a scrape): it rises during a hang, "
+        "before anything else reports it.",
+        "The loop's current state, not a count: a gauge, read on the exporter's thread from what the "
+        "watchdog saw at its last look. `thread.name` is a semantic convention.",
+    ),
+    Signal(
         "aiocop.blocking_call",
         "span event",
         "",
@@ -155,6 +181,9 @@ ATTRIBUTES: dict[str, str] = {
     "never a metric attribute (unbounded).",
     "aiocop.duration": "How long the loop was held, in seconds.",
     "aiocop.culprit": "What the loop was doing, e.g. `running zlib.compress(data)`.",
+    "aiocop.loop": "The loop's class, e.g. `uvloop.Loop` (several loops of a thread name and class share a "
+    "series: the longest block is shown).",
+    "thread.name": "The name of the thread running the loop. A semantic convention.",
 }
 """The attributes of `SIGNALS`, with their meaning."""
 
@@ -259,6 +288,17 @@ class _Instruments:
         self.calls = counter("aiocop.blocking_calls")
         self.stalls = counter("aiocop.stalls")
         self.blocked = counter("aiocop.loop.blocked_time")
+        self.hangs = counter("aiocop.hangs")
+        unit, description = descriptions["aiocop.loop.blocked"]
+        meter.create_observable_gauge("aiocop.loop.blocked", [_observe_blocked], unit=unit, description=description)
+
+
+def _observe_blocked(options: metrics.CallbackOptions) -> list[metrics.Observation]:
+    # Read at collection time, on the exporter's (or scraper's) thread.
+    return [
+        metrics.Observation(seconds, {"aiocop.loop": loop, "thread.name": thread})
+        for (loop, thread), seconds in _hangs.blocked_by_loop().items()
+    ]
 
 
 # id(meter) -> (the meter, its instruments). A process has a meter provider or two.
@@ -291,6 +331,7 @@ class _Recorder:
         self.calls = instruments.calls
         self.stalls = instruments.stalls
         self.blocked = instruments.blocked
+        self.hangs = instruments.hangs
         self.probe: DelayProbe | None = None
         self.sites = SiteTable(options["max_call_sites"])
         self.span_events: bool = options["span_events"]
@@ -323,6 +364,12 @@ class _Recorder:
             self.failed(error, "recording a blocking call or stall")
 
     def _record(self, event: SlowTaskEvent) -> None:
+        if is_hang_report(event):
+            # A hang report (from aiocop's hang-report thread): the step's
+            # time is counted by its final event, if it ends.
+            if event.hang_reports == 1:
+                self.hangs.add(1, self.sites.attributes(event.call_site))
+            return
         view = step_view(event)
         if view is not None:  # nobody has read the event: its calls as recorded, nothing formatted
             elapsed_ms, exceeded = view.elapsed_ms, view.exceeded_threshold
@@ -478,7 +525,9 @@ class AiocopInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             # The application's watchdog: its threshold changed (and put back by
             # uninstrument()), its choice of CPU samples kept.
             self._replaced = (_state.config.threshold_ms, sampling)
-            _api.detect_slow_tasks(threshold_ms=options["threshold_ms"], cpu_sampling=sampling)
+            _api.detect_slow_tasks(
+                threshold_ms=options["threshold_ms"], cpu_sampling=sampling, hang_after_ms=_state.config.hang_after_ms
+            )
         self._started = (started_interception, started_watchdog)
         self._recorder = recorder
         _callbacks.add_observer(recorder)
@@ -504,6 +553,8 @@ class AiocopInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _api.stop_watchdog()
         elif self._replaced is not None and _watchdog.watchdog.running:
             threshold_ms, sampling = self._replaced
-            _api.detect_slow_tasks(threshold_ms=threshold_ms, cpu_sampling=sampling)
+            _api.detect_slow_tasks(
+                threshold_ms=threshold_ms, cpu_sampling=sampling, hang_after_ms=_state.config.hang_after_ms
+            )
         self._started = (False, False)
         self._replaced = None

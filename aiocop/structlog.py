@@ -9,7 +9,9 @@ aiocop.detect_slow_tasks(threshold_ms=50)
 aiocop.structlog.log_events()
 ```
 
-Each entry is logged as `"aiocop.blocking_call"` (or `"aiocop.loop_stall"`)
+Each entry is logged as `"aiocop.blocking_call"` (or `"aiocop.loop_stall"`,
+or `"aiocop.loop_hang"` at `error` for a loop still hung, with `trace`, `ongoing`,
+`hang_reports` and `blocker` when known)
 with the keys `blocking_event`, `call_site`, `duration_ms`, `severity`,
 `task`, `thread`, `trace` (first occurrence of a call site) or `repeated`
 (later ones), `reason`, `loop`, and whatever the context providers returned
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from aiocop._logging import CallSiteLimiter, replace_callback, structured_fields
+from aiocop._logging import CallSiteLimiter, Occurrence, replace_callback, structured_fields
 
 if TYPE_CHECKING:
     from aiocop._events import SlowTaskEvent
@@ -64,6 +66,13 @@ class StructlogCallback:
         self.limiter = CallSiteLimiter(repeat_interval_s)
 
     def __call__(self, event: SlowTaskEvent) -> None:
+        if event.ongoing:
+            # A hang, while it lasts: at "error" at least, always with its stack.
+            level = self.level if _LEVELS.index(self.level) >= _LEVELS.index("error") else "error"
+            fields = structured_fields(event, Occurrence(first=True))
+            fields.pop("event", None)
+            getattr(self.logger, level)("aiocop.loop_hang", **fields)
+            return
         occurrence = self.limiter.check(event)
         if occurrence is None:
             return

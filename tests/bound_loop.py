@@ -16,6 +16,10 @@ import sys
 
 import uvloop
 
+from aiocop import _loops
+
+# As Leviathan, named in aiocop's table of loops that announce nothing.
+_loops.UNANNOUNCED_LOOP_MODULES.add(__name__)
 _bound_set_hooks = sys.set_asyncgen_hooks
 _bound_set_running = asyncio.events._set_running_loop
 

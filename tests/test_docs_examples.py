@@ -50,6 +50,7 @@ RUN_ELSEWHERE = {
     "examples/opentelemetry/fleet_app.py": "tests/test_prometheus.py",
     "examples/opentelemetry/worker_metrics.py": "tests/test_prometheus.py",
     "examples/rloop_self_pipe.py": "tests/test_rloop_race.py",
+    "examples/hangs/deadlock.py": "tests/test_hangs.py",
 }
 # Examples run here, by the test named.
 RUN_HERE = {

@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -67,13 +68,18 @@ def wait_until(what: str, check: Any, timeout: float = 60.0) -> Any:
 class Prometheus:
     """A Prometheus server on 127.0.0.1 scraping every target listed in `targets`, every second."""
 
-    def __init__(self, workdir: Path, targets: Path) -> None:
+    def __init__(self, workdir: Path, targets: Path, rules: str | None = None) -> None:
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
         config = workdir / "prometheus.yml"
+        rule_files = ""
+        if rules is not None:
+            (workdir / "rules.yml").write_text(rules)
+            rule_files = f"rule_files: ['{workdir / 'rules.yml'}']\n"
         config.write_text(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-            "scrape_configs:\n  - job_name: fleet-demo\n    file_sd_configs:\n"
+            + rule_files
+            + "scrape_configs:\n  - job_name: fleet-demo\n    file_sd_configs:\n"
             f"      - files: ['{targets}/*.json']\n        refresh_interval: 1s\n"
         )
         self.log = workdir / "prometheus.log"
@@ -106,6 +112,11 @@ class Prometheus:
         result = self.query(promql)
         return float(result[0]["value"][1]) if result else None
 
+    def alerts(self, name: str) -> list[dict[str, Any]]:
+        self._alive()
+        active = self.client.get("/api/v1/alerts").json()["data"]["alerts"]
+        return [alert for alert in active if alert["labels"].get("alertname") == name]
+
     def healthy_targets(self) -> int:
         active = self.client.get("/api/v1/targets").json()["data"]["activeTargets"]
         return sum(1 for target in active if target["health"] == "up")
@@ -118,6 +129,12 @@ class Prometheus:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+def docs_alert_rule() -> str:
+    """The alert rule file of docs/how-to/prometheus.md, as written there."""
+    page = (ROOT / "docs" / "how-to" / "prometheus.md").read_text(encoding="utf-8")
+    return page.split("<!-- alert rule -->", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
 
 
 def docs_commands() -> list[str]:
@@ -203,7 +220,7 @@ def test_the_page_shows_both_servers() -> None:
 def test_prometheus_sums_the_workers_of_a_fleet(command: str, tmp_path: Path) -> None:
     targets = tmp_path / "targets"
     targets.mkdir()
-    prometheus = Prometheus(tmp_path, targets)
+    prometheus = Prometheus(tmp_path, targets, rules=docs_alert_rule())
     port = free_port()
     log = tmp_path / "server.log"
     argv, env = server_command(command, targets, port)
@@ -295,12 +312,14 @@ def test_prometheus_sums_the_workers_of_a_fleet(command: str, tmp_path: Path) ->
         assert [r["metric"]["job"] for r in p99] == ["fleet-demo"]
         for query in OTHER_QUERIES:
             assert wait_until(f"an answer to {query}", lambda query=query: prometheus.query(query), timeout=30)
+        hung = check_a_hang(prometheus, url)
         print(
             f"\n{kind}: {len(served)} of {WORKERS} workers served {blocking} blocking requests ({warm_blocking} "
             f"first, to warm every worker), {stalling} stalling ({warm_stalling} first), {CLEAN} clean"
         )
         print(f"{TOP_SITES}\n  -> {[(r['metric'], r['value'][1]) for r in top]}")
         print(f"{P99_DELAY}\n  -> {[(r['metric'], r['value'][1]) for r in p99]}")
+        print(f"during a hang: {hung}")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.pid, signal.SIGTERM)
@@ -310,6 +329,45 @@ def test_prometheus_sums_the_workers_of_a_fleet(command: str, tmp_path: Path) ->
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         prometheus.stop()
+
+
+HANG_S = 30  # the alert (> 5 s blocked) fires in 6-8 s on a quiet machine: a busy one has the rest
+
+
+def check_a_hang(prometheus: Prometheus, url: str) -> dict[str, Any]:
+    """A request hangs a worker's loop: Prometheus sees the blocked-time gauge rise and the alert fire, during it."""
+    result: list[Any] = []
+
+    def request() -> None:
+        with contextlib.suppress(httpx.TransportError):
+            result.append(httpx.get(f"{url}/hang", params={"seconds": HANG_S}, trust_env=False, timeout=HANG_S * 2))
+
+    hanging = threading.Thread(target=request)
+    hanging.start()
+    try:
+        # The gauge, read on each scrape from the hung worker's exporter thread, while its loop is stuck.
+        blocked = wait_until(
+            "the blocked-time gauge above 1 s",
+            lambda: (value := prometheus.value("max(aiocop_loop_blocked_seconds)")) is not None and value > 1 and value,
+            timeout=HANG_S,
+        )
+        firing = wait_until(
+            "the alert to fire",
+            lambda: [a for a in prometheus.alerts("EventLoopBlocked") if a["state"] == "firing"],
+            timeout=HANG_S,
+        )
+        assert hanging.is_alive(), "the hang ended before Prometheus saw it"
+        labels = firing[0]["labels"]
+        assert labels["job"] == "fleet-demo" and labels["severity"] == "page"
+        # The hang report (hang_after_ms, 5 s by default), counted once at the line the worker is stuck on.
+        hangs_query = (
+            f'sum(aiocop_hangs_total{{code_function_name="hang", code_line_number="{line_of("FLEET-HANG")}"}})'
+        )
+        hangs = wait_until("the hang to be counted", lambda: prometheus.value(hangs_query) == 1, timeout=HANG_S)
+    finally:
+        hanging.join(HANG_S * 3)
+    assert result and result[0].is_success
+    return {"max(aiocop_loop_blocked_seconds)": blocked, "alert": labels, "aiocop_hangs_total": hangs}
 
 
 def docs_queries() -> list[str]:

@@ -604,3 +604,64 @@ def test_stalls_of_a_loop_already_running_when_detection_starts(loop_name: str) 
         assert event.call_site.endswith(":spin")
     finally:
         reset_aiocop()
+
+
+def test_no_watchdog_thread_while_no_loop_runs() -> None:
+    """Issue 24 item 5: the thread starts with the first loop and ends when none has run for a while."""
+    result = run_python_code(
+        """
+        import asyncio, os, sys, threading, time, warnings
+        import aiocop
+        from aiocop import _watchdog
+        _watchdog._IDLE_STOP_S = 0.3  # (5 s by default)
+
+        def fork_warnings():
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                pid = os.fork()
+                if pid == 0:
+                    os._exit(0)
+                os.waitpid(pid, 0)
+            return [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+
+        aiocop.start_blocking_io_detection()
+        events = []
+        aiocop.detect_slow_tasks(threshold_ms=30, on_slow_task=events.append)
+        assert aiocop.is_cpu_sampling_started()
+        print("before a loop:", threading.active_count(), [t.name for t in threading.enumerate()])
+        print("fork before a loop:", fork_warnings())
+
+        async def main():
+            print("in a loop:", sorted(t.name for t in threading.enumerate()))
+            end = time.perf_counter() + 0.5  # 16x the threshold: seen however busy the machine
+            while time.perf_counter() < end:  # a stall only the watchdog (started with this loop) sees
+                pass
+            await asyncio.sleep(0)
+
+        asyncio.run(main())
+        print("stalls:", [e.reason for e in events])
+        print("fork right after the loop:", fork_warnings())
+        deadline = time.monotonic() + 30
+        while threading.active_count() > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print("a while after:", threading.active_count())
+        asyncio.run(main())
+        print("stalls:", len(events))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "before a loop: 1 ['MainThread']"
+    assert lines[1] == "fork before a loop: []"
+    assert lines[2] == "in a loop: ['MainThread', 'aiocop-watchdog']"
+    assert lines[3] == "stalls: ['cpu_blocking']"
+    assert lines[4] == "fork right after the loop: []"
+    assert lines[5] == "a while after: 1"
+    assert lines[6] == "in a loop: ['MainThread', 'aiocop-watchdog']"
+    assert lines[7] == "stalls: 2"
+
+
+def run_python_code(code: str) -> subprocess.CompletedProcess[str]:
+    from tests.conftest import run_python
+
+    return run_python(code, timeout=120)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -51,4 +52,17 @@ async def stalling(request: Request) -> JSONResponse:
     return JSONResponse({"pid": os.getpid()})
 
 
-app = Starlette(routes=[Route("/clean", clean), Route("/blocking", blocking), Route("/stalling", stalling)])
+# Held for ever: a request to /hang waits for it, as a deadlocked handler would (for `seconds` at most).
+NEVER_FREE = threading.Lock()
+NEVER_FREE.acquire()
+
+
+async def hang(request: Request) -> JSONResponse:
+    seconds = min(float(request.query_params.get("seconds", "10")), 60.0)
+    NEVER_FREE.acquire(timeout=seconds)  # FLEET-HANG: the worker's loop is stuck here meanwhile
+    return JSONResponse({"pid": os.getpid()})
+
+
+app = Starlette(
+    routes=[Route("/clean", clean), Route("/blocking", blocking), Route("/stalling", stalling), Route("/hang", hang)]
+)
