@@ -153,8 +153,15 @@ def test_a_loop_start_wakes_a_watchdog_sleeping_long(detector: Collector, monkey
     monkeypatch.setattr(_watchdog.sampling, "idle_interval_ms", 60_000.0)
     aiocop.detect_slow_tasks(threshold_ms=10)
     watchdog = _watchdog.watchdog
+    # Its thread runs only while loops do (issue 24): a first loop starts it,
+    # and it stays, asleep, for a while after that loop is gone.
+    first = asyncio.new_event_loop()
+    try:
+        first.run_until_complete(asyncio.sleep(0))
+    finally:
+        first.close()
     deadline = time.perf_counter() + 30
-    while not watchdog._sleeping_long:  # no loop for half a second: it goes to its idle sleep
+    while not (watchdog._sleeping_long and watchdog.thread_alive):  # no loop for half a second: its idle sleep
         assert time.perf_counter() < deadline, "the watchdog never went to its idle sleep"
         time.sleep(0.05)
     time.sleep(0.05)  # (asleep by now, not between its decision and its sleep)
