@@ -32,6 +32,7 @@ from typing import Any
 
 import aiocop
 from aiocop import _api, _callbacks, _delivery, _hook, _loops, _state, _watchdog
+from aiocop._clock import monotonic
 from aiocop._report import Summary
 
 # One session at a time per process: a second attach is told so.
@@ -131,18 +132,18 @@ def _install(settings: dict[str, Any]) -> tuple[tuple[bool, bool], Summary, floa
 
 def _watch(settings: dict[str, Any]) -> float:
     """Wait out the window, or until the attaching side says stop; how long it watched."""
-    began = time.monotonic()
+    began = monotonic()
     deadline = began + settings["seconds"]
     # `cancelled` (the attaching side gave up) and the folder gone (it cleaned up) are stops too.
     while (
-        time.monotonic() < deadline
+        monotonic() < deadline
         and not _told(settings, "stop")
         and not _told(settings, "cancelled")
         and os.path.isdir(settings["out"])
     ):
         _seen_loops.update(_loops.watches)
         time.sleep(_POLL_S)
-    return time.monotonic() - began
+    return monotonic() - began
 
 
 def _uninstall(summary: Summary, started: tuple[bool, bool], saved: tuple[dict[str, Any], dict[str, Any]]) -> None:

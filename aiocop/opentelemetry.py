@@ -30,7 +30,6 @@ import os
 import time
 import weakref
 from dataclasses import dataclass
-from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -45,6 +44,7 @@ except ImportError as error:  # pragma: no cover - the message is the point
     ) from error
 
 from aiocop import _api, _callbacks, _forksafe, _state, _watchdog
+from aiocop._clock import perf_counter
 from aiocop._delivery import record_call, record_site, step_view
 from aiocop._probe import DelayProbe
 from aiocop._severity import get_severity_level_from_score
