@@ -216,6 +216,23 @@ HARMLESS: tuple[HarmlessRule, ...] = (
         "`subprocess.Popen`",
     ),
     HarmlessRule(
+        event=("subprocess.Popen", "os.kill"),
+        caller_modules=("subprocess",),
+        inside_modules=("asyncio.base_subprocess",),
+        reason="the event loop's own process start and signals: `asyncio.create_subprocess_exec()`/`_shell()`, "
+        "`loop.subprocess_exec()`/`_shell()` and their transports' `kill()`/`terminate()`/`close()` (asyncio, "
+        "rloop), the way asyncio's documentation says to run a process; uvloop and winloop start theirs in C "
+        "and raise no event. `subprocess.run()`/`Popen()` called by the application stay reported; a fork "
+        "slow because the process is huge is a stall, which the watchdog times",
+    ),
+    HarmlessRule(
+        event=("os.sendfile",),
+        caller_modules=("asyncio",),
+        caller_functions=("_sock_sendfile_native_impl",),
+        reason="asyncio's `loop.sendfile()`/`sock_sendfile()` sending a file on its own non-blocking socket "
+        "(aiohttp's `FileResponse`), one chunk per writable event",
+    ),
+    HarmlessRule(
         event=_FILE_EVENTS,
         caller_modules=("shutil", "tempfile", "os", "glob", "pathlib", "posixpath", "ntpath", "genericpath"),
         inside_functions=_REPORTED_COMPOSITES,
