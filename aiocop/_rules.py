@@ -97,6 +97,14 @@ BLOCKING_CALLS: tuple[BlockingCall, ...] = (
     BlockingCall("socket.socket.recvmsg", M, "network", "wrapper", "recvmsg() on a blocking socket"),
     BlockingCall("ssl.SSLSocket.read", M, "network", "wrapper", "reading a blocking SSL socket (read/recv/recv_into)"),
     BlockingCall("ssl.SSLSocket.write", M, "network", "wrapper", "writing a blocking SSL socket (write/send/sendall)"),
+    BlockingCall(
+        "ssl.SSLSocket.do_handshake",
+        H,
+        "network",
+        "wrapper",
+        "a TLS handshake on a blocking SSL socket (`wrap_socket()`, `connect()`, `do_handshake()`); "
+        "the loops' own, on non-blocking sockets or memory BIOs, never",
+    ),
     BlockingCall("http.client.connect", H, "network", "native", "http.client connection"),
     BlockingCall("urllib.Request", H, "network", "native", "urllib.request.urlopen()"),
     BlockingCall("ftplib.connect", H, "network", "native", "ftplib connection"),
@@ -113,6 +121,37 @@ BLOCKING_CALLS: tuple[BlockingCall, ...] = (
     BlockingCall("tempfile.mkdtemp", M, "file", "native", "tempfile.mkdtemp()"),
     BlockingCall("fcntl.flock", L, "file", "native", "fcntl.flock()"),
     BlockingCall("fcntl.lockf", L, "file", "native", "fcntl.lockf()"),
+    # --- certificates and keys (read by OpenSSL: no audit event of CPython's) ---
+    BlockingCall(
+        "ssl.SSLContext.set_default_verify_paths",
+        H,
+        "tls",
+        "wrapper",
+        "loading the system's CA certificates: `ssl.create_default_context()` (without `cafile`), "
+        "`SSLContext.load_default_certs()`, `set_default_verify_paths()`",
+    ),
+    BlockingCall(
+        "ssl.SSLContext.load_verify_locations",
+        H,
+        "tls",
+        "wrapper",
+        "loading CA certificates from a file or folder: `ssl.create_default_context(cafile=certifi.where())`, "
+        "`load_verify_locations(cafile, capath)` (in-memory `cadata` alone: not reported)",
+    ),
+    BlockingCall(
+        "ssl.SSLContext.load_cert_chain",
+        M,
+        "tls",
+        "wrapper",
+        "loading a certificate chain and its private key from files",
+    ),
+    BlockingCall(
+        "ssl.get_default_verify_paths",
+        L,
+        "tls",
+        "wrapper",
+        "`ssl.get_default_verify_paths()`: looks for the default CA file and folder",
+    ),
     # --- metadata ---
     BlockingCall(
         "os.stat",
