@@ -147,14 +147,17 @@ _REPORTED_COMPOSITES: tuple[str, ...] = (
     "pathlib._local.rglob",
 )
 
+# An import statement's event (raised by the C import) and importlib.import_module()'s (aiocop's wrapper).
+IMPORT_EVENTS: tuple[str, ...] = ("import", "importlib.import_module")
+
 HARMLESS: tuple[HarmlessRule, ...] = (
     HarmlessRule(
-        event=("import",),
+        event=IMPORT_EVENTS,
         arg0_prefixes=("encodings.",),
         reason="codec look-up lazily imports an `encodings` module (e.g. `idna` for host names)",
     ),
     HarmlessRule(
-        event=("import",),
+        event=IMPORT_EVENTS,
         caller_internal=True,
         arg0_stdlib=True,
         reason="a stdlib module imported lazily by the stdlib or an event loop (e.g. "
@@ -187,7 +190,7 @@ HARMLESS: tuple[HarmlessRule, ...] = (
         "from C: the event shows the application's line)",
     ),
     HarmlessRule(
-        event=("import",),
+        event=IMPORT_EVENTS,
         arg0_failed_import=True,
         reason="an optional module that is not installed, tried again (httpcore's `import sniffio` on every "
         "request): only its first, failed, search of `sys.path` is reported",

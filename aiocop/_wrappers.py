@@ -18,6 +18,7 @@ from __future__ import annotations
 import _thread
 import functools
 import importlib
+import importlib.util
 import logging
 import os
 import select
@@ -52,6 +53,7 @@ Kind = Literal[
     "queue_get",
     "queue_put",
     "ssl_files",
+    "import_module",
 ]
 
 
@@ -100,6 +102,8 @@ PATCH_TARGETS: tuple[PatchTarget, ...] = (
         for m in _SSL_LOADERS
     ),
     PatchTarget("ssl", "get_default_verify_paths", "ssl.get_default_verify_paths", "call"),
+    # The import statement's event is raised by the C import; importlib's own path raises none.
+    PatchTarget("importlib", "import_module", "importlib.import_module", "import_module"),
     PatchTarget("select", "select", "select.select", "select"),
     PatchTarget("aiocop._wrappers:PollType", "poll", "select.poll", "poll", label="select.poll().poll"),
     PatchTarget(
@@ -374,6 +378,23 @@ def _ssl_files(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     return wrapper
 
 
+def _import_module(original: Callable[..., Any], event: str) -> Callable[..., Any]:
+    # As the import statement's event: only for a module not imported yet.
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if args and get_running_loop() is not None:
+            name = args[0]
+            if isinstance(name, str) and name.startswith(".") and not kwargs:
+                try:
+                    name = importlib.util.resolve_name(name, args[1] if len(args) > 1 else None)
+                except (ImportError, ValueError, TypeError, AttributeError):
+                    name = None  # the call itself raises the right error
+            if isinstance(name, str) and name not in sys.modules:
+                _audit_hook(event, (name,))
+        return original(*args, **kwargs)
+
+    return wrapper
+
+
 _FACTORIES: dict[str, Callable[[Callable[..., Any], str], Callable[..., Any]]] = {
     "path": _path,
     "call": _call,
@@ -390,6 +411,7 @@ _FACTORIES: dict[str, Callable[[Callable[..., Any], str], Callable[..., Any]]] =
     "queue_get": _queue_get,
     "queue_put": _queue_put,
     "ssl_files": _ssl_files,
+    "import_module": _import_module,
 }
 
 
