@@ -34,11 +34,12 @@ from tests.conftest import Collector, run_on
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-# Home Assistant's list of blocking calls (`_BLOCKING_CALLS`, object.function
-# of each `BlockingCall`), copied from homeassistant/block_async_io.py of
-# Home Assistant core: installing Home Assistant for one test is too heavy.
-# As in the 2025.x releases (read at commit 2b7a5a449cf5 of a fork of
-# home-assistant/core whose homeassistant/const.py says 2025.7.0.dev0).
+# Home Assistant's list of blocking calls (`_BLOCKING_CALLS`: the object and
+# function of each `BlockingCall`), copied from homeassistant/block_async_io.py
+# of Home Assistant core (installing Home Assistant for one test is too heavy).
+# Read from that file as it is in FrankyCTY/core at commit 2b7a5a449cf5, a
+# fork of home-assistant/core from the 2025.7 development cycle (its
+# homeassistant/const.py: 2025.7.0.dev0).
 HOME_ASSISTANT_VERSION = "2025.7"
 HOME_ASSISTANT_SOURCE = "home-assistant/core: homeassistant/block_async_io.py, _BLOCKING_CALLS"
 HOME_ASSISTANT: tuple[str, ...] = (
@@ -168,7 +169,9 @@ def unaccounted(functions: list[str] | tuple[str, ...]) -> list[str]:
     ("peer", "functions"),
     [
         pytest.param("blockbuster", blockbuster_functions(), id="blockbuster"),
-        pytest.param(f"Home Assistant {HOME_ASSISTANT_VERSION}", HOME_ASSISTANT, id="home-assistant"),
+        pytest.param(
+            f"Home Assistant {HOME_ASSISTANT_VERSION} ({HOME_ASSISTANT_SOURCE})", HOME_ASSISTANT, id="home-assistant"
+        ),
         pytest.param(f"aiocop {AIOCOP_1X_VERSION}", AIOCOP_1X, id="aiocop-1.2.1"),
     ],
 )
