@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiocop
 from aiocop import _api, _callbacks, _delivery, _hook, _loops, _state, _watchdog
+from aiocop._clock import monotonic
 from aiocop._report import Summary
 
 if TYPE_CHECKING:
@@ -202,18 +203,18 @@ def _undo(undo: list[tuple[str, Callable[[], None]]], saved: tuple[dict[str, Any
 
 def _watch(settings: dict[str, Any]) -> float:
     """Wait out the window, or until the attaching side says stop; how long it watched."""
-    began = time.monotonic()
+    began = monotonic()
     deadline = began + settings["seconds"]
     # `cancelled` (the attaching side gave up) and the folder gone (it cleaned up) are stops too.
     while (
-        time.monotonic() < deadline
+        monotonic() < deadline
         and not _told(settings, "stop")
         and not _told(settings, "cancelled")
         and os.path.isdir(settings["folder"])
     ):
         _seen_loops.update(_loops.watches)
         time.sleep(_POLL_S)
-    return time.monotonic() - began
+    return monotonic() - began
 
 
 def _forget(settings: dict[str, Any], *, can_forget: bool) -> bool:

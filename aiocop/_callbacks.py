@@ -6,10 +6,10 @@ import logging
 import threading
 from asyncio import _get_running_loop as get_running_loop
 from collections.abc import Callable
-from time import perf_counter
 from typing import Any
 
 from aiocop import _state
+from aiocop._clock import perf_counter
 from aiocop._events import SlowTaskEvent
 from aiocop._validate import check_callable
 

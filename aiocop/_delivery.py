@@ -14,13 +14,12 @@ import contextvars
 import logging
 import os
 import threading
-import time
 import weakref
 from queue import SimpleQueue
-from time import perf_counter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from aiocop import _callbacks, _forksafe, _harmless, _hook, _loops, _state, _watchdog
+from aiocop import _callbacks, _clock, _forksafe, _harmless, _hook, _loops, _state, _watchdog
+from aiocop._clock import elapsed, monotonic, perf_counter
 from aiocop._events import BlockingEventInfo, CpuStackSample, RawBlockingEvent, SlowTaskEvent
 from aiocop._exceptions import HighSeverityBlockingIoException
 from aiocop._frames import format_frame, is_app_file, is_internal_file
@@ -112,7 +111,7 @@ def format_record(record: Record, wall_offset: float | None = None, raised: bool
     info = _info(event, _format_args(args, event), [p[0] for p in pairs], [p[1] for p in pairs], site_text, weight)
     info["app_site"] = _frame(*app)[1] if app is not None else info["entry_point"]
     if wall_offset is None:
-        wall_offset = time.time() - perf_counter()
+        wall_offset = _clock.time() - perf_counter()
     info["timestamp"] = timestamp + wall_offset
     info["raised"] = raised
     return info
@@ -193,7 +192,7 @@ class _Origin:
     __slots__ = ("loop_ref", "loop_type", "threshold_ms", "wall_offset")
 
     def __init__(self, loop: object, wall_offset: float | None = None) -> None:
-        self.wall_offset = time.time() - perf_counter() if wall_offset is None else wall_offset
+        self.wall_offset = _clock.time() - perf_counter() if wall_offset is None else wall_offset
         self.threshold_ms = _state.config.threshold_ms
         if isinstance(loop, str):  # already named (the watchdog names loops when they start)
             self.loop_type: Any = loop
@@ -253,7 +252,7 @@ def _elapsed_ms(group: StepGroup) -> float:
     # than the first blocking call, and then it is the step's; for a wait,
     # the call's own timestamp is the better bound.
     start = group.t_first if stall is None or stall.waiting else min(group.t_first, stall.start)
-    return (group.t_end - start) * 1000.0
+    return elapsed(start, group.t_end) * 1000.0
 
 
 class StepView(NamedTuple):
@@ -561,7 +560,7 @@ def make_violation(group: StepGroup) -> HighSeverityBlockingIoException:
     return HighSeverityBlockingIoException(
         severity_score=group.score,
         severity_level=get_severity_level_from_score(group.score),
-        elapsed_ms=(perf_counter() - group.t_first) * 1000.0,
+        elapsed_ms=elapsed(group.t_first, perf_counter()) * 1000.0,
         threshold_ms=_state.config.threshold_ms,
         events=events,
     )
@@ -630,7 +629,7 @@ class _Worker:
             self._queue.put(call)
 
     def _log_dropped(self, at_most_every: float = 0.0) -> None:
-        now = time.monotonic()
+        now = monotonic()
         new = self.dropped - self._dropped_logged
         if new <= 0 or now - self._last_drop_log < at_most_every:
             return

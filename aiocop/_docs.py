@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from aiocop._internals import HARMLESS, LOOP_FRAMES, HarmlessRule
-from aiocop._rules import BLOCKING_CALLS
+from aiocop._rules import BLOCKING_CALLS, DETECTED_AS, NOT_REPORTED
 from aiocop._severity import WEIGHT_HEAVY, WEIGHT_LIGHT, WEIGHT_MODERATE
 from aiocop._wrappers import PATCH_TARGETS
 
@@ -84,6 +84,28 @@ def render() -> str:
         if call.raises in _RAISES:
             what += f"; {_RAISES[call.raises]}"
         lines.append(f"| `{call.event}` | {weight} | {call.category} | {source} | {what} |")
+    lines += [
+        "",
+        "## Functions reported under another event",
+        "",
+        "What other tools (blockbuster, Home Assistant's loop check, aiocop 1.x) name by function, and the",
+        "event aiocop reports for it.",
+        "",
+        "| function | reported as | when |",
+        "| --- | --- | --- |",
+    ]
+    lines += [f"| `{d.function}` | `{d.event}` | {d.note or 'always'} |" for d in DETECTED_AS]
+    lines += [
+        "",
+        "## Deliberately not reported",
+        "",
+        "Calls other tools flag that aiocop does not report, and why. A test checks that every function",
+        "those tools flag is in one of the tables of this page.",
+        "",
+        "| functions | why |",
+        "| --- | --- |",
+    ]
+    lines += [f"| {', '.join(f'`{f}`' for f in n.functions)} | {n.reason} |" for n in NOT_REPORTED]
     lines += [
         "",
         "## Not reported by default: known-harmless internals",

@@ -22,10 +22,10 @@ import threading
 from _thread import allocate_lock
 from collections import deque
 from dataclasses import dataclass
-from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from aiocop import _callbacks, _culprit, _delivery, _frames, _hook, _loops, _state, _watchdog
+from aiocop._clock import perf_counter
 from aiocop._events import SlowTaskEvent
 from aiocop._frames import Kind
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiocop import _frames
 from aiocop._frames import Kind
-from aiocop._internals import HARMLESS, HarmlessRule
+from aiocop._internals import HARMLESS, IMPORT_EVENTS, HarmlessRule
 
 if TYPE_CHECKING:
     from asyncio import AbstractEventLoop
@@ -106,7 +106,7 @@ failed_imports: set[str] = set()
 def note_failed_imports(records: list[Any]) -> None:
     """After a step: remember the modules it failed to import (called on delivery, off the hot path)."""
     for record in records:
-        if record[0] == "import" and record[1]:
+        if record[0] in IMPORT_EVENTS and record[1]:
             name = record[1][0]
             if isinstance(name, str) and name not in sys.modules:
                 if len(failed_imports) >= _frames.MAX_CACHED_MODULES:

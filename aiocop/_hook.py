@@ -25,10 +25,10 @@ import threading
 from asyncio import AbstractEventLoop, Task, current_task
 from asyncio import _get_running_loop as get_running_loop
 from contextvars import Context, copy_context
-from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from aiocop import _allow, _callbacks, _frames, _harmless, _rules, _state, _wrappers
+from aiocop._clock import perf_counter
 from aiocop._frames import Kind
 
 if TYPE_CHECKING:

@@ -147,14 +147,17 @@ _REPORTED_COMPOSITES: tuple[str, ...] = (
     "pathlib._local.rglob",
 )
 
+# An import statement's event (raised by the C import) and importlib.import_module()'s (aiocop's wrapper).
+IMPORT_EVENTS: tuple[str, ...] = ("import", "importlib.import_module")
+
 HARMLESS: tuple[HarmlessRule, ...] = (
     HarmlessRule(
-        event=("import",),
+        event=IMPORT_EVENTS,
         arg0_prefixes=("encodings.",),
         reason="codec look-up lazily imports an `encodings` module (e.g. `idna` for host names)",
     ),
     HarmlessRule(
-        event=("import",),
+        event=IMPORT_EVENTS,
         caller_internal=True,
         arg0_stdlib=True,
         reason="a stdlib module imported lazily by the stdlib or an event loop (e.g. "
@@ -187,7 +190,7 @@ HARMLESS: tuple[HarmlessRule, ...] = (
         "from C: the event shows the application's line)",
     ),
     HarmlessRule(
-        event=("import",),
+        event=IMPORT_EVENTS,
         arg0_failed_import=True,
         reason="an optional module that is not installed, tried again (httpcore's `import sniffio` on every "
         "request): only its first, failed, search of `sys.path` is reported",
@@ -214,6 +217,23 @@ HARMLESS: tuple[HarmlessRule, ...] = (
         inside_modules=("subprocess",),
         reason="the spawn, pipes and waits of `subprocess.run()`/`communicate()`: already reported as "
         "`subprocess.Popen`",
+    ),
+    HarmlessRule(
+        event=("subprocess.Popen", "os.kill"),
+        caller_modules=("subprocess",),
+        inside_modules=("asyncio.base_subprocess",),
+        reason="the event loop's own process start and signals: `asyncio.create_subprocess_exec()`/`_shell()`, "
+        "`loop.subprocess_exec()`/`_shell()` and their transports' `kill()`/`terminate()`/`close()` (asyncio, "
+        "rloop), the way asyncio's documentation says to run a process; uvloop and winloop start theirs in C "
+        "and raise no event. `subprocess.run()`/`Popen()` called by the application stay reported; a fork "
+        "slow because the process is huge is a stall, which the watchdog times",
+    ),
+    HarmlessRule(
+        event=("os.sendfile",),
+        caller_modules=("asyncio",),
+        caller_functions=("_sock_sendfile_native_impl",),
+        reason="asyncio's `loop.sendfile()`/`sock_sendfile()` sending a file on its own non-blocking socket "
+        "(aiohttp's `FileResponse`), one chunk per writable event",
     ),
     HarmlessRule(
         event=_FILE_EVENTS,

@@ -9,12 +9,12 @@ of occurrences it stands for.
 from __future__ import annotations
 
 import logging
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiocop import _callbacks, _forksafe
+from aiocop._clock import monotonic
 from aiocop._report import STALL, call_site, describe, describe_hang, hang_headline, to_record
 from aiocop._validate import check_callable, check_int, check_number
 
@@ -56,7 +56,7 @@ class CallSiteLimiter:
     """
 
     def __init__(
-        self, interval_s: float = 60.0, max_sites: int = 10_000, clock: Callable[[], float] = time.monotonic
+        self, interval_s: float = 60.0, max_sites: int = 10_000, clock: Callable[[], float] = monotonic
     ) -> None:
         self.interval_s = check_number("repeat_interval_s", interval_s, "seconds", allow_zero=True)
         self.max_sites = check_int("max_sites", max_sites, 1)

@@ -26,6 +26,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiocop import _forksafe
+from aiocop._clock import perf_counter
 from aiocop._internals import LOOP_FRAMES
 
 if TYPE_CHECKING:
@@ -185,7 +186,7 @@ def register(
         # watchdog would time a step it first sees already running from a
         # guess half an idle interval back, and report a short first step
         # (a test body right after its loop started) as a stall.
-        watch.idle_t = time.perf_counter()
+        watch.idle_t = perf_counter()
         watch.idle_cpu = watch.cpu_time()
     with _watch_lock:
         watches = {**watches, watch.thread_id: watch}
@@ -206,7 +207,7 @@ def unregister(thread_id: int, *, stopping: bool = False) -> None:
         watches = {k: v for k, v in watches.items() if k != thread_id}
     watch.base_frame = None  # the loop no longer runs: keep no frame (and its locals) alive
     if stopping:
-        stopped, cpu = time.perf_counter(), watch.cpu_time()
+        stopped, cpu = perf_counter(), watch.cpu_time()
         retired.append((watch, stopped, cpu))  # in case the watchdog's look, already under way, sees it after
         if on_stop is not None:
             on_stop(watch, stopped, cpu)

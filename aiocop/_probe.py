@@ -22,10 +22,10 @@ import os
 import weakref
 from collections import deque
 from threading import get_ident
-from time import perf_counter, thread_time
 from typing import TYPE_CHECKING
 
 from aiocop import _forksafe, _loops
+from aiocop._clock import perf_counter, thread_time
 
 if TYPE_CHECKING:
     from asyncio import AbstractEventLoop
@@ -153,12 +153,12 @@ class DelayProbe:
             return
         due = loop.time() + self.interval
         try:
-            loop.call_at(due, self._tick, loop, token, due, context=_EMPTY)
+            loop.call_at(due, self._tick, loop, token, due, perf_counter(), context=_EMPTY)
         except Exception:
             logger.debug("aiocop: no loop-delay probe on %r (it refused a timer)", loop, exc_info=True)
             self._forget(loop, token)
 
-    def _tick(self, loop: AbstractEventLoop, token: object, due: float) -> None:
+    def _tick(self, loop: AbstractEventLoop, token: object, due: float, armed: float) -> None:
         started = thread_time()
         if not self._current(loop, token):
             return
@@ -166,6 +166,10 @@ class DelayProbe:
         # it is due: that is no delay.
         late = max(loop.time() - due, 0.0)
         now = perf_counter()
+        # loop.time() is the loop's clock, which a test can freeze or move
+        # (freezegun's fake monotonic): never later than aiocop's own clock
+        # says the timer has been waiting.
+        late = min(late, max(now - armed - self.interval, 0.0))
         self._settle(id(loop))
         self._unsettled[id(loop)] = (now - late, now, get_ident())
         self._arm(loop, token)

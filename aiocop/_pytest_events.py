@@ -16,11 +16,11 @@ import sys
 import threading
 from _thread import allocate_lock
 from collections.abc import Iterator, Sequence
-from time import perf_counter
 from typing import TYPE_CHECKING, cast, overload
 
 from aiocop import _delivery, _forksafe, _hook, _loops, _watchdog
 from aiocop._baseline import Key, call_keys, stall_key
+from aiocop._clock import perf_counter
 from aiocop._events import is_hang_report
 from aiocop._report import STALL, call_site, describe, describe_hang, source_line
 from aiocop._severity import level_rank, level_threshold

@@ -97,6 +97,14 @@ BLOCKING_CALLS: tuple[BlockingCall, ...] = (
     BlockingCall("socket.socket.recvmsg", M, "network", "wrapper", "recvmsg() on a blocking socket"),
     BlockingCall("ssl.SSLSocket.read", M, "network", "wrapper", "reading a blocking SSL socket (read/recv/recv_into)"),
     BlockingCall("ssl.SSLSocket.write", M, "network", "wrapper", "writing a blocking SSL socket (write/send/sendall)"),
+    BlockingCall(
+        "ssl.SSLSocket.do_handshake",
+        H,
+        "network",
+        "wrapper",
+        "a TLS handshake on a blocking SSL socket (`wrap_socket()`, `connect()`, `do_handshake()`); "
+        "the loops' own, on non-blocking sockets or memory BIOs, never",
+    ),
     BlockingCall("http.client.connect", H, "network", "native", "http.client connection"),
     BlockingCall("urllib.Request", H, "network", "native", "urllib.request.urlopen()"),
     BlockingCall("ftplib.connect", H, "network", "native", "ftplib connection"),
@@ -113,6 +121,37 @@ BLOCKING_CALLS: tuple[BlockingCall, ...] = (
     BlockingCall("tempfile.mkdtemp", M, "file", "native", "tempfile.mkdtemp()"),
     BlockingCall("fcntl.flock", L, "file", "native", "fcntl.flock()"),
     BlockingCall("fcntl.lockf", L, "file", "native", "fcntl.lockf()"),
+    # --- certificates and keys (read by OpenSSL: no audit event of CPython's) ---
+    BlockingCall(
+        "ssl.SSLContext.set_default_verify_paths",
+        H,
+        "tls",
+        "wrapper",
+        "loading the system's CA certificates: `ssl.create_default_context()` (without `cafile`), "
+        "`SSLContext.load_default_certs()`, `set_default_verify_paths()`",
+    ),
+    BlockingCall(
+        "ssl.SSLContext.load_verify_locations",
+        H,
+        "tls",
+        "wrapper",
+        "loading CA certificates from a file or folder: `ssl.create_default_context(cafile=certifi.where())`, "
+        "`load_verify_locations(cafile, capath)` (in-memory `cadata` alone: not reported)",
+    ),
+    BlockingCall(
+        "ssl.SSLContext.load_cert_chain",
+        M,
+        "tls",
+        "wrapper",
+        "loading a certificate chain and its private key from files",
+    ),
+    BlockingCall(
+        "ssl.get_default_verify_paths",
+        L,
+        "tls",
+        "wrapper",
+        "`ssl.get_default_verify_paths()`: looks for the default CA file and folder",
+    ),
     # --- metadata ---
     BlockingCall(
         "os.stat",
@@ -175,6 +214,14 @@ BLOCKING_CALLS: tuple[BlockingCall, ...] = (
         "an import statement that loads a module (not one already in sys.modules)",
         raises="never",
     ),
+    BlockingCall(
+        "importlib.import_module",
+        H,
+        "misc",
+        "wrapper",
+        "importlib.import_module() of a module not imported yet (importlib's own path raises no `import` event)",
+        raises="never",
+    ),
     BlockingCall("syslog.syslog", L, "misc", "native", "syslog.syslog()"),
     BlockingCall("syslog.openlog", L, "misc", "native", "syslog.openlog()"),
     BlockingCall("webbrowser.open", H, "misc", "native", "webbrowser.open()"),
@@ -199,3 +246,105 @@ def live_weights() -> dict[str, int]:
 def get_blocking_events_dict() -> dict[str, int]:
     """Return a copy of the table of detected events and their weights."""
     return dict(_weights)
+
+
+@dataclass(frozen=True, slots=True)
+class DetectedAs:
+    """A function with no event of its own name, detected as another event (what a report names)."""
+
+    function: str
+    """The function as users and other tools name it, e.g. `"os.replace"`."""
+    event: str
+    """The event of `BLOCKING_CALLS` it raises, e.g. `"os.rename"`."""
+    note: str = ""
+    """When it raises it, where that is not always."""
+
+
+DETECTED_AS: tuple[DetectedAs, ...] = (
+    DetectedAs("builtins.open", "open"),
+    DetectedAs("pathlib.Path.open", "open"),
+    DetectedAs("pathlib.Path.read_text", "open"),
+    DetectedAs("pathlib.Path.read_bytes", "open"),
+    DetectedAs("pathlib.Path.write_text", "open"),
+    DetectedAs("pathlib.Path.write_bytes", "open"),
+    DetectedAs("ssl.SSLContext.load_dh_params", "open", "CPython opens the file itself"),
+    DetectedAs("os.replace", "os.rename"),
+    DetectedAs("os.unlink", "os.remove"),
+    DetectedAs("os.path.abspath", "os.getcwd", "of a relative path (an absolute one touches nothing)"),
+    DetectedAs("os.path.islink", "os.lstat"),
+    DetectedAs("os.path.ismount", "os.lstat"),
+    DetectedAs("glob.iglob", "glob.glob"),
+    DetectedAs("socket.socket.connect", "socket.connect", "on a blocking socket"),
+    DetectedAs("socket.socket.connect_ex", "socket.connect", "on a blocking socket"),
+    DetectedAs("socket.socket.sendto", "socket.sendto", "on a blocking socket"),
+    DetectedAs("socket.socket.sendmsg", "socket.sendmsg", "on a blocking socket"),
+    DetectedAs("ssl.SSLSocket.recv", "ssl.SSLSocket.read", "on a blocking socket"),
+    DetectedAs("ssl.SSLSocket.send", "ssl.SSLSocket.write", "on a blocking socket"),
+    DetectedAs("ssl.SSLContext.load_default_certs", "ssl.SSLContext.set_default_verify_paths"),
+    DetectedAs(
+        "http.client.HTTPConnection.putrequest",
+        "http.client.connect",
+        "when `request()` opens the connection; its reads and writes as `socket.socket.*` of its blocking socket",
+    ),
+)
+"""Functions other tools name that aiocop reports under another event ("Detected calls" in the docs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NotReported:
+    """Functions aiocop deliberately does not report, and why."""
+
+    functions: tuple[str, ...]
+    reason: str
+
+
+NOT_REPORTED: tuple[NotReported, ...] = (
+    NotReported(
+        (
+            "io.BufferedReader.read",
+            "io.BufferedWriter.write",
+            "io.BufferedRandom.read",
+            "io.BufferedRandom.write",
+            "io.TextIOWrapper.read",
+            "io.TextIOWrapper.write",
+        ),
+        "reads and writes of a file object: the `open()` that made it is the report (one per file, at the line "
+        "that opened it); wrapping every read and write would tax all file and console I/O of the process "
+        "(logging to stdout included). A long read of a file opened earlier is a stall, which the watchdog times",
+    ),
+    NotReported(
+        (
+            "sqlite3.Connection.execute",
+            "sqlite3.Connection.executemany",
+            "sqlite3.Connection.executescript",
+            "sqlite3.Connection.commit",
+            "sqlite3.Connection.rollback",
+            "sqlite3.Cursor.execute",
+            "sqlite3.Cursor.executemany",
+            "sqlite3.Cursor.executescript",
+            "sqlite3.Cursor.fetchone",
+            "sqlite3.Cursor.fetchmany",
+            "sqlite3.Cursor.fetchall",
+        ),
+        "queries on an open SQLite connection: `sqlite3.connect()` of a database file is the report (one per "
+        "connection; an in-memory database is none); a slow query is a stall, which the watchdog times",
+    ),
+    NotReported(
+        ("os.path.samestat",),
+        "compares two `os.stat()` results already in memory: no system call at all",
+    ),
+    NotReported(
+        ("os.path.sameopenfile",),
+        "`os.fstat()` of two descriptors already open: no path to resolve, no disk read",
+    ),
+    NotReported(
+        ("socket.socket.bind",),
+        "binds a socket to a local address: no network traffic, never waits (aiocop 1.x weighed it nothing)",
+    ),
+    NotReported(
+        ("threading.Lock.acquire_lock",),
+        '"an obsolete synonym of acquire()" (its docstring), undocumented, which the stdlib and common '
+        "libraries never call; `acquire()` and `with lock:` are reported",
+    ),
+)
+"""Calls other tools flag that aiocop does not report, each with the reason ("Detected calls" in the docs)."""

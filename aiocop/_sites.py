@@ -11,8 +11,9 @@ under one `other` value, and says once in the log that it did.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
+
+from aiocop._clock import monotonic
 
 logger = logging.getLogger("aiocop")
 
@@ -101,7 +102,7 @@ class RateLimit:
         self._last: dict[str, float] = {}
 
     def allow(self, key: str) -> bool:
-        now = time.monotonic()
+        now = monotonic()
         last = self._last.get(key)
         if last is not None and now - last < self.spacing:
             return False

@@ -36,10 +36,10 @@ from _thread import LockType, allocate_lock
 from collections import deque
 from dataclasses import dataclass
 from operator import itemgetter
-from time import monotonic, perf_counter
 from typing import TYPE_CHECKING, Any
 
 from aiocop import _culprit, _forksafe, _frames, _hook, _loops, _state
+from aiocop._clock import monotonic, perf_counter
 from aiocop._frames import Kind
 
 if TYPE_CHECKING:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import _thread
 import importlib
+import importlib.util
 import logging
 import os
 import select
@@ -56,6 +57,8 @@ Kind = Literal[
     "condition_wait",
     "queue_get",
     "queue_put",
+    "ssl_files",
+    "import_module",
 ]
 
 
@@ -75,6 +78,9 @@ class PatchTarget:
         return self.label or f"{self.owner.replace(':', '.')}.{self.attr}"
 
 
+# SSLContext's methods that read certificate and key files in OpenSSL (ssl.create_default_context() calls
+# one); load_dh_params opens its file with CPython's own fopen, which raises the `open` event.
+_SSL_LOADERS = ("load_verify_locations", "load_cert_chain", "set_default_verify_paths")
 _SOCKET_METHODS = ("accept", "send", "sendall", "recv", "recv_into", "recvfrom", "recvfrom_into", "recvmsg")
 
 PATCH_TARGETS: tuple[PatchTarget, ...] = (
@@ -91,6 +97,18 @@ PATCH_TARGETS: tuple[PatchTarget, ...] = (
     *(PatchTarget("socket:socket", m, f"socket.socket.{m}", "socket") for m in _SOCKET_METHODS),
     PatchTarget("ssl:SSLSocket", "read", "ssl.SSLSocket.read", "socket"),
     PatchTarget("ssl:SSLSocket", "write", "ssl.SSLSocket.write", "socket"),
+    # send() writes through the SSL object, not write(); sendall() calls send() per chunk (one report: the outer).
+    PatchTarget("ssl:SSLSocket", "send", "ssl.SSLSocket.write", "socket", label="ssl.SSLSocket.send"),
+    PatchTarget("ssl:SSLSocket", "sendall", "ssl.SSLSocket.write", "socket", label="ssl.SSLSocket.sendall"),
+    PatchTarget("ssl:SSLSocket", "do_handshake", "ssl.SSLSocket.do_handshake", "socket"),
+    # On the C base class, where the methods live (and where pickle finds them by their qualified name).
+    *(
+        PatchTarget("_ssl:_SSLContext", m, f"ssl.SSLContext.{m}", "ssl_files", label=f"ssl.SSLContext.{m}")
+        for m in _SSL_LOADERS
+    ),
+    PatchTarget("ssl", "get_default_verify_paths", "ssl.get_default_verify_paths", "call"),
+    # The import statement's event is raised by the C import; importlib's own path raises none.
+    PatchTarget("importlib", "import_module", "importlib.import_module", "import_module"),
     PatchTarget("select", "select", "select.select", "select"),
     PatchTarget("aiocop._wrappers:PollType", "poll", "select.poll", "poll", label="select.poll().poll"),
     PatchTarget(
@@ -349,6 +367,44 @@ def _queue_put(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     return wrapper
 
 
+# The parameters of SSLContext's loaders that name a file or folder (a password
+# or in-memory `cadata` is never put in an event).
+_SSL_FILE_PARAMETERS = ("cafile", "capath", "certfile", "keyfile")
+
+
+def _ssl_files(original: Callable[..., Any], event: str) -> Callable[..., Any]:
+    # OpenSSL reads the files itself: no audit event, no Python-level I/O. The
+    # event carries the files named; a load of in-memory `cadata` alone reads
+    # no file and is not reported (set_default_verify_paths names none: always).
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if get_running_loop() is not None:
+            files = tuple(a for a in args[:2] if a is not None)
+            if kwargs:
+                files += tuple(kwargs[k] for k in _SSL_FILE_PARAMETERS if kwargs.get(k) is not None)
+            if files or not (args or kwargs):
+                _audit_hook(event, files)
+        return original(self, *args, **kwargs)
+
+    return wrapper
+
+
+def _import_module(original: Callable[..., Any], event: str) -> Callable[..., Any]:
+    # As the import statement's event: only for a module not imported yet.
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if args and get_running_loop() is not None:
+            name = args[0]
+            if isinstance(name, str) and name.startswith(".") and not kwargs:
+                try:
+                    name = importlib.util.resolve_name(name, args[1] if len(args) > 1 else None)
+                except (ImportError, ValueError, TypeError, AttributeError):
+                    name = None  # the call itself raises the right error
+            if isinstance(name, str) and name not in sys.modules:
+                _audit_hook(event, (name,))
+        return original(*args, **kwargs)
+
+    return wrapper
+
+
 _FACTORIES: dict[str, Callable[[Callable[..., Any], str], Callable[..., Any]]] = {
     "path": _path,
     "call": _call,
@@ -364,6 +420,8 @@ _FACTORIES: dict[str, Callable[[Callable[..., Any], str], Callable[..., Any]]] =
     "condition_wait": _condition_wait,
     "queue_get": _queue_get,
     "queue_put": _queue_put,
+    "ssl_files": _ssl_files,
+    "import_module": _import_module,
 }
 
 

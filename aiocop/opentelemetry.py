@@ -36,7 +36,6 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -51,6 +50,7 @@ except ImportError as error:  # pragma: no cover - the message is the point
     ) from error
 
 from aiocop import _api, _callbacks, _forksafe, _hangs, _state, _watchdog
+from aiocop._clock import perf_counter
 from aiocop._delivery import record_call, record_site, step_view
 from aiocop._events import is_hang_report
 from aiocop._probe import DelayProbe

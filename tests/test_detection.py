@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
+import os
 import socket
+import ssl
 import sys
 import threading
 from typing import Any
 
 import pytest
 
+import aiocop
 from tests.blocking_calls import CASES, Case, do_bound_sleep
 from tests.conftest import Collector, loop_factory, quiet_rloop, run_in_thread, run_on
 
@@ -224,3 +229,128 @@ def test_arguments_say_what_they_were_at_the_call(detector: Collector, tmp_path:
     args = {call["name"]: call["args"] for call in detector.calls}
     assert args["socket.socket.send"] == f"<socket fd={fd} AF_UNIX SOCK_STREAM>", args
     assert args["import"] == "lazily_imported_here", args
+
+
+# --- certificates, keys and TLS (issue 30) ------------------------------------------------------
+
+TLS = os.path.join(os.path.dirname(__file__), "tls")
+CERT, KEY, DH = (os.path.join(TLS, name) for name in ("cert.pem", "key.pem", "dh.pem"))
+
+
+def load_certificates() -> None:
+    ssl.create_default_context()  # LOADS ssl.SSLContext.set_default_verify_paths
+    ssl.create_default_context(cafile=CERT)  # LOADS ssl.SSLContext.load_verify_locations
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(CERT, keyfile=KEY)  # LOADS ssl.SSLContext.load_cert_chain
+    context.load_dh_params(DH)  # LOADS open  (CPython opens this file itself: its own event)
+    ssl.get_default_verify_paths()  # LOADS ssl.get_default_verify_paths
+    context.load_verify_locations(cadata=PEM)  # in memory: reads no file, not reported
+
+
+with open(CERT, encoding="ascii") as _pem:
+    PEM = _pem.read()
+
+
+def marked_lines(func: Any, marker: str) -> list[tuple[str, str]]:
+    """(event, site) for each line of `func` marked `# MARKER event`."""
+    lines, first = inspect.getsourcelines(func)
+    return [
+        (text.split(f"# {marker} ")[1].split()[0], f"tests/test_detection.py:{first + i}:{func.__name__}")
+        for i, text in enumerate(lines)
+        if f"# {marker} " in text
+    ]
+
+
+def test_certificate_and_key_loading_is_reported_at_its_line(detector: Collector, loop_name: str) -> None:
+    # OpenSSL reads these files itself: no audit event, no Python I/O. A TLS
+    # context made per request is a classic stall (36 ms in issue 30's report).
+    async def main() -> None:
+        load_certificates()
+
+    run_on(loop_name, main())
+    reported = [(c["name"], c["entry_point"]) for c in detector.calls]
+    assert reported == marked_lines(load_certificates, "LOADS"), detector.calls
+    weights = {c["name"]: c["severity"] for c in detector.calls}
+    assert weights["ssl.SSLContext.set_default_verify_paths"] == aiocop.WEIGHT_HEAVY
+    assert weights["ssl.SSLContext.load_cert_chain"] == aiocop.WEIGHT_MODERATE
+    assert CERT in detector.calls[1]["args"]
+    assert KEY in detector.calls[2]["args"]
+
+
+def tls_echo_server(context: ssl.SSLContext) -> tuple[int, threading.Thread]:
+    """A blocking TLS echo server on 127.0.0.1, one connection, in a thread."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with listener:
+            connection, _ = listener.accept()
+            # The client closes without TLS's close_notify: an EOF error here.
+            with context.wrap_socket(connection, server_side=True) as tls, contextlib.suppress(OSError):
+                while data := tls.recv(1 << 16):
+                    tls.sendall(data)
+
+    thread = threading.Thread(target=serve, name="tls-echo")
+    thread.start()
+    return listener.getsockname()[1], thread
+
+
+def talk_tls_blocking(port: int, context: ssl.SSLContext) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as plain:
+        tls = context.wrap_socket(plain, server_hostname="localhost", do_handshake_on_connect=False)
+        tls.do_handshake()  # TLS ssl.SSLSocket.do_handshake
+        tls.send(b"x" * 10)  # TLS ssl.SSLSocket.write
+        tls.sendall(b"y" * 100_000)  # TLS ssl.SSLSocket.write
+        tls.recv(10)  # TLS ssl.SSLSocket.read
+        tls.close()
+
+
+def test_a_tls_handshake_on_a_blocking_socket(detector: Collector, loop_name: str) -> None:
+    # Contexts made before the loop: only the connection's own calls count.
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(CERT, KEY)
+    client_context = ssl.create_default_context(cafile=CERT)
+    port, server = tls_echo_server(server_context)
+
+    async def main() -> None:
+        talk_tls_blocking(port, client_context)
+
+    try:
+        run_on(loop_name, main())
+    finally:
+        server.join(10)
+    reported = [(c["name"], c["entry_point"]) for c in detector.calls if c["name"].startswith("ssl.")]
+    assert reported == marked_lines(talk_tls_blocking, "TLS"), detector.calls
+
+
+def test_the_loops_own_tls_is_not_blocking(detector: Collector, loop_name: str) -> None:
+    # asyncio and uvloop run TLS over memory BIOs on non-blocking sockets:
+    # neither side's handshake, reads or writes is the application's blocking call.
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(CERT, KEY)
+    client_context = ssl.create_default_context(cafile=CERT)
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(await reader.readexactly(5))
+        await writer.drain()
+        writer.close()
+
+    async def main() -> bytes:
+        try:
+            server = await asyncio.start_server(echo, "127.0.0.1", 0, ssl=server_context)
+        except NotImplementedError:
+            return b"no TLS"
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=client_context, server_hostname="localhost"
+        )
+        writer.write(b"hello")
+        data = await reader.readexactly(5)
+        writer.close()
+        server.close()
+        return data
+
+    result = run_on(loop_name, main())
+    if result == b"no TLS":
+        pytest.skip(f"{loop_name} has no TLS servers (NotImplementedError)")
+    assert result == b"hello"
+    assert detector.names() == [], detector.calls

@@ -301,9 +301,10 @@ def test_server_command_from_the_docs(command: str) -> None:
         for e in logged
         if "http_path" not in e and e["calls"]
     }
-    # One row for the whole chain, at the line that started it: uvicorn's import_module() call.
+    # One row for the whole chain, at the line that started it: uvicorn's import_module() call
+    # (reported as itself since issue 30: importlib's own path raises no import event).
     assert start_up <= {
-        ("uvicorn/importer.py", "import"),
+        ("uvicorn/importer.py", "importlib.import_module"),
     }, output
 
 

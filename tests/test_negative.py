@@ -258,3 +258,78 @@ def test_source_lines_read_to_format_a_traceback(detector: Collector, loop_name:
 
     assert "handled" in run_on(loop_name, main())
     assert detector.names() == ["os.stat"], detector.calls
+
+
+def test_the_loops_own_subprocess_start(detector: Collector, loop_name: str) -> None:
+    # asyncio's documented way to run a process (issue 30: haffmpeg in Home
+    # Assistant was told to use asyncio.to_thread); subprocess.run() in the
+    # same step is the application's blocking call, still reported.
+    if loop_name == "veloxloop":
+        pytest.skip("veloxloop 0.2 has no subprocess support (NotImplementedError)")
+
+    async def main() -> None:
+        process = await asyncio.create_subprocess_exec("true")
+        await process.wait()
+        process = await asyncio.create_subprocess_shell("true")
+        await process.wait()
+        loop = asyncio.get_running_loop()
+        exited = loop.create_future()
+
+        class Protocol(asyncio.SubprocessProtocol):
+            def process_exited(self) -> None:
+                exited.set_result(None)
+
+        transport, _ = await loop.subprocess_exec(Protocol, "true")
+        await exited
+        transport.close()
+        transport, _ = await loop.subprocess_shell(asyncio.SubprocessProtocol, "true")
+        transport.close()
+        blocking_calls.do_subprocess()
+
+    run_on(loop_name, main())
+    assert detector.names() == ["subprocess.Popen"], detector.calls
+    assert detector.calls[0]["entry_point"].endswith(blocking_calls.CASES[7].site)
+
+
+def test_asyncio_sendfile_on_its_own_non_blocking_socket(detector: Collector, loop_name: str, tmp_path: Any) -> None:
+    # aiohttp's FileResponse: loop.sendfile() sends with os.sendfile(), a
+    # chunk per writable event, on the transport's non-blocking socket
+    # (issue 24). os.sendfile() onto a blocking socket stays reported.
+    path = tmp_path / "payload"
+    payload = os.urandom(1 << 20)
+    path.write_bytes(payload)
+
+    async def main() -> bool:
+        loop = asyncio.get_running_loop()
+        received = bytearray()
+        done = loop.create_future()
+
+        class Sink(asyncio.Protocol):
+            def data_received(self, data: bytes) -> None:
+                received.extend(data)
+                if len(received) == len(payload):
+                    done.set_result(None)
+
+        server = await loop.create_server(Sink, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        transport, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
+        file = await loop.run_in_executor(None, path.open, "rb")
+        try:
+            await loop.sendfile(transport, file)
+        except NotImplementedError:
+            return False
+        finally:
+            transport.close()
+            await loop.run_in_executor(None, file.close)
+            server.close()
+        await done  # every byte arrived
+        a, b = socket.socketpair()
+        with a, b, path.open("rb") as again:
+            os.sendfile(a.fileno(), again.fileno(), 0, 16)  # the application's own, blocking: reported
+        return True
+
+    if not run_on(loop_name, main()):
+        pytest.skip(f"{loop_name} has no loop.sendfile() (NotImplementedError)")
+    assert [(c["name"], c["args"]) for c in detector.calls if c["name"] != "open"] == [
+        ("os.sendfile", detector.calls[-1]["args"])
+    ], detector.calls
