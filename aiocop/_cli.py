@@ -13,6 +13,7 @@ import json
 import math
 import os
 import runpy
+import shlex
 import sys
 import threading
 import types
@@ -20,12 +21,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import aiocop
-from aiocop import _baseline, _state
+from aiocop import _baseline, _report_files, _state
 from aiocop._config import MAX_THRESHOLD_MS, ConfigError, parse_allow_line, read_config
 from aiocop._frames import set_app_paths
 from aiocop._inputs import open_for_writing
 from aiocop._report import Summary, describe
 from aiocop._severity import level_rank
+from aiocop._timeline import Facts, Timeline
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator, Iterator, Sequence
@@ -47,6 +49,9 @@ _VALUE_OPTIONS = frozenset(
         "--threshold-ms",
         "--trace-depth",
         "--json",
+        "--html",
+        "--speedscope",
+        "--folded",
         "--fail-on",
         "--top",
         "--config",
@@ -126,6 +131,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     run.add_argument(
         "--json", metavar="FILE", help="also write the summary, with one example trace per call site, as JSON"
     )
+    _add_picture_files(run)
     run.add_argument(
         "--fail-on",
         choices=LEVELS,
@@ -177,6 +183,23 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     run.add_argument("-m", dest="module", metavar="module", help="run a library module as a script, like python -m")
     _add_attach(commands)
     return parser, run
+
+
+def _add_picture_files(run: argparse.ArgumentParser) -> None:
+    run.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write a self-contained HTML report: the call sites with their traces, a timeline of the "
+        "steps that held each loop, and flame graphs of the stall samples",
+    )
+    run.add_argument(
+        "--speedscope",
+        metavar="FILE",
+        help="also write the stall samples in speedscope's JSON format, one profile per loop thread",
+    )
+    run.add_argument(
+        "--folded", metavar="FILE", help="also write the stall samples as folded stacks (flamegraph.pl, inferno)"
+    )
 
 
 def _add_attach(commands: Any) -> argparse.ArgumentParser:
@@ -306,6 +329,9 @@ def session(argv: Sequence[str] | None = None) -> Generator[Program, int, int]:
     # Found out now rather than after a long run whose report is then lost.
     _check_output(run_parser, "--json", settings.json)
     _check_output(run_parser, "--write-baseline", settings.write_baseline)
+    for flag in _report_files.RENDERERS:
+        _check_output(run_parser, flag, getattr(settings, flag[2:]))
+    settings.command = f"{PROG} {shlex.join(argv)}"
     resolved = _resolve(settings, run_parser)
     factory = _uvloop_factory(run_parser) if settings.uvloop else None
     with _default_loop_factory(factory):
@@ -421,12 +447,16 @@ def _default_loop_factory(factory: Callable[[], asyncio.AbstractEventLoop] | Non
 
 def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> Generator[Program, int, int]:
     summary = Summary(resolved.baseline)
+    pictures = {flag: getattr(settings, flag[2:]) for flag in _report_files.RENDERERS}
+    # The picture files need each step's time: kept only when one is asked for.
+    timeline = Timeline(summary) if any(pictures.values()) else None
+    collector = timeline or summary
     aiocop.start_blocking_io_detection(trace_depth=resolved.trace_depth)
     if settings.no_watchdog:  # intercepted calls only; the threshold still says which steps were slow
         _state.config.threshold_ms = resolved.threshold_ms
-        aiocop.register_slow_task_callback(summary)
+        aiocop.register_slow_task_callback(collector)
     else:
-        aiocop.detect_slow_tasks(threshold_ms=resolved.threshold_ms, on_slow_task=summary)
+        aiocop.detect_slow_tasks(threshold_ms=resolved.threshold_ms, on_slow_task=collector)
     set_app_paths(resolved.app_paths, resolved.library_paths)
     for rule in resolved.allow:
         aiocop.add_allow_rule(rule)
@@ -441,7 +471,7 @@ def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> 
     except KeyboardInterrupt:
         status = 130
     aiocop.stop()  # delivers what is still pending
-    aiocop.unregister_slow_task_callback(summary)
+    aiocop.unregister_slow_task_callback(collector)
     aiocop.unregister_slow_task_callback(_print_event)
 
     for rule in resolved.allow:
@@ -452,6 +482,11 @@ def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> 
     # A run asked for a file it did not get has not succeeded, whatever the program did:
     # CI would pass without the report it archives.
     written = _write_json(settings.json, program, status, summary) if settings.json else True
+    if timeline is not None:
+        timeline.finish()
+        loop = "uvloop (--uvloop)" if settings.uvloop else "the program's own (asyncio's default unless it names one)"
+        facts = Facts(settings.command, resolved.threshold_ms, loop, status)
+        written = _report_files.write(timeline, facts, pictures) and written
     if settings.write_baseline:
         try:
             _baseline.write(settings.write_baseline, summary.counts())

@@ -1,0 +1,463 @@
+"""`--html`, `--speedscope` and `--folded`: one model drawn three ways, checked as files and in a real browser.
+
+The browser test opens the report from disk in headless Chromium (Debian's
+`chromium`), driven over its DevTools pipe by the small client below. Without
+chromium it skips, saying so, unless AIOCOP_REQUIRE_CHROMIUM is set, as in CI.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import os
+import re
+import select
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aiocop import _exports, _html, _timeline
+from aiocop._events import SlowTaskEvent
+from aiocop._report import Summary
+
+SCHEMA = Path(__file__).with_name("data") / "speedscope-file-format-schema.json"
+EVIL_TASK = "</script><script>document.title='pwned'</script>"
+EVIL_CONTEXT = "<img src=x onerror=\"document.title='pwned2'\">"
+
+# Stalls and calls sized in time, well past the 50 ms threshold: the same on any machine.
+PLANTED = textwrap.dedent(
+    f"""
+    import asyncio
+    import time
+
+    import aiocop
+
+    aiocop.register_context_provider(lambda: {{"request": {EVIL_CONTEXT!r}}})
+
+
+    def spin(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:  # PLANTED-STALL
+            pass
+
+
+    async def blocking():
+        time.sleep(0.25)  # PLANTED-CALL
+
+
+    async def stalling():
+        spin(0.5)
+
+
+    async def main():
+        await asyncio.create_task(blocking(), name={EVIL_TASK!r})
+        await asyncio.create_task(stalling(), name="stalling")
+
+
+    asyncio.run(main())
+    """
+)
+
+
+def _line_of(marker: str) -> int:
+    return next(n for n, line in enumerate(PLANTED.splitlines(), 1) if marker in line)
+
+
+CALL_SITE = f"planted.py:{_line_of('PLANTED-CALL')}:blocking"
+STALL_LINE = _line_of("PLANTED-STALL")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One run of the CLI on the planted program, writing every file: the folder they are in."""
+    folder = tmp_path_factory.mktemp("html-report")
+    (folder / "planted.py").write_text(PLANTED, encoding="utf-8")
+    outputs = ["--html", "report.html", "--speedscope", "profile.json", "--folded", "stacks.folded"]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aiocop",
+            "run",
+            "--threshold-ms",
+            "50",
+            *outputs,
+            "--json",
+            "report.json",
+            "planted.py",
+        ],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return folder
+
+
+def _embedded(page: str) -> dict[str, Any]:
+    start = page.index('<script type="application/json" id="aiocop-data">') + len(
+        '<script type="application/json" id="aiocop-data">'
+    )
+    data = page[start : page.index("</script>", start)]
+    assert "<" not in data and ">" not in data and "&" not in data
+    model: dict[str, Any] = json.loads(data)
+    return model
+
+
+def test_html_embeds_the_tables_rows_and_timed_steps(report: Path) -> None:
+    model = _embedded((report / "report.html").read_text(encoding="utf-8"))
+    table = json.loads((report / "report.json").read_text(encoding="utf-8"))
+    # One model: the page's rows are --json's, in the CLI's order.
+    assert model["summary"]["call_sites"] == table["call_sites"]
+    sites = [row["call_site"] for row in model["summary"]["call_sites"]]
+    assert CALL_SITE in sites
+    assert model["facts"]["threshold_ms"] == 50
+    assert model["facts"]["command"].startswith("python -m aiocop run ")
+    by_reason = {step["reason"]: step for step in model["steps"]}
+    call, stall = by_reason["io_blocking"], by_reason["cpu_blocking"]
+    for step in (call, stall):
+        assert 0 <= step["t0"] < step["t1"] <= model["facts"]["duration_ms"]
+        assert step["rows"], step
+    assert call["task"] == EVIL_TASK
+    assert call["context"] == {"request": EVIL_CONTEXT}
+    assert sites[call["rows"][0]] == CALL_SITE
+    planted = call["calls"][0]
+    assert planted["app_site"] == CALL_SITE
+    assert planted["frames"][planted["app_frame"]][1] == _line_of("PLANTED-CALL")
+    assert "PLANTED-CALL" in planted["source"]
+    assert any(f[1] == STALL_LINE for sample in stall["samples"] for f in sample["frames"])
+
+
+def test_html_never_writes_program_text_as_markup(report: Path) -> None:
+    page = (report / "report.html").read_text(encoding="utf-8")
+    assert EVIL_TASK not in page
+    assert "<img" not in page
+    assert page.isascii()
+    assert _embedded(page)["steps"]  # ... yet the names are all there, as data
+
+
+def test_embed_json_escapes_what_could_end_the_script() -> None:
+    value = {"a</script>": "<!-- & \u2028 \ud800", "n": 1.5}
+    text = _html.embed_json(value)
+    assert not set(text) & set("<>&") and text.isascii()
+    assert json.loads(text) == value
+
+
+def test_folded_stacks_one_line_per_stack(report: Path) -> None:
+    lines = (report / "stacks.folded").read_text(encoding="utf-8").splitlines()
+    assert lines
+    pattern = re.compile(r"^[^;\n]+(;[^;\n]+)* (\d+)$")
+    total = 0
+    for line in lines:
+        match = pattern.match(line)
+        assert match, line
+        total += int(match.group(2))
+    assert any(f"spin (planted.py:{STALL_LINE})" in line.rsplit(";", 1)[-1] for line in lines), lines
+    model = _embedded((report / "report.html").read_text(encoding="utf-8"))
+    assert total == sum(s["count"] for step in model["steps"] for s in step["samples"] if s["frames"])
+
+
+def test_frame_label_keeps_the_format_whatever_the_names() -> None:
+    label = _exports.frame_label(["/app/we;ird\nname.py", 3, "f;g\u2028h"], "/app")
+    assert label == "f_g_h (we_ird_name.py:3)"
+
+
+def _check(value: Any, schema: dict[str, Any], root: dict[str, Any], where: str = "$") -> None:
+    """A JSON-schema check of the keywords speedscope's schema uses; any other keyword fails the test."""
+    known = {"$schema", "definitions", "title", "$ref", "type", "enum", "properties", "required", "items", "anyOf"}
+    assert not set(schema) - known, f"the checker does not know {set(schema) - known}"
+    if "$ref" in schema:
+        _check(value, root["definitions"][schema["$ref"].removeprefix("#/definitions/")], root, where)
+    if "anyOf" in schema:
+        failures = []
+        for option in schema["anyOf"]:
+            try:
+                _check(value, option, root, where)
+                break
+            except AssertionError as error:
+                failures.append(str(error))
+        else:
+            raise AssertionError(f"{where}: matches none of anyOf: {failures}")
+    types: dict[str, type | tuple[type, ...]] = {"object": dict, "array": list, "string": str, "number": (int, float)}
+    if "type" in schema:
+        assert isinstance(value, types[schema["type"]]) and not isinstance(value, bool), (
+            f"{where}: not a {schema['type']}"
+        )
+    if "enum" in schema:
+        assert value in schema["enum"], f"{where}: {value!r} not in {schema['enum']}"
+    for key in schema.get("required", ()):
+        assert key in value, f"{where}: {key} missing"
+    for key, sub in schema.get("properties", {}).items():
+        if key in value:
+            _check(value[key], sub, root, f"{where}.{key}")
+    if "items" in schema:
+        for n, item in enumerate(value):
+            _check(item, schema["items"], root, f"{where}[{n}]")
+
+
+def test_speedscope_file_follows_the_published_schema(report: Path) -> None:
+    schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
+    document = json.loads((report / "profile.json").read_text(encoding="utf-8"))
+    _check(document, schema, schema)
+    with pytest.raises(AssertionError, match="unit"):  # the checker does fail a bad file
+        _check({**document, "profiles": [{**document["profiles"][0], "unit": "parsecs"}]}, schema, schema)
+    model = _embedded((report / "report.html").read_text(encoding="utf-8"))
+    threads = {(s["loop"], s["thread"]) for s in model["steps"] if any(x["frames"] for x in s["samples"])}
+    assert len(document["profiles"]) == len(threads) == 1  # one loop, one thread: one profile
+    frames = document["shared"]["frames"]
+    for profile in document["profiles"]:
+        assert len(profile["samples"]) == len(profile["weights"])
+        assert all(0 <= i < len(frames) for stack in profile["samples"] for i in stack)
+    assert {"name": "spin", "file": str(report / "planted.py"), "line": STALL_LINE} in frames
+
+
+def test_a_hang_is_drawn_under_its_own_cause() -> None:
+    # Another reason than aiocop's two (a newer aiocop's "hang"): kept, and named.
+    summary = Summary()
+    timeline = _timeline.Timeline(summary)
+    timeline(SlowTaskEvent(900.0, 30.0, True, 0, "low", "hang", [], task_name="stuck"))
+    timeline.finish()
+    model = _timeline.build(timeline, _timeline.Facts("cmd", 30.0, "asyncio"))
+    (step,) = model["steps"]
+    assert step["reason"] == "hang" and model["causes"]["hang"] == "hang"
+    assert step["t1"] - step["t0"] == pytest.approx(900.0, abs=1.0) or step["t0"] == 0.0
+    assert "hang" in _html.render(model)
+
+
+def test_a_step_past_the_bound_is_counted_not_kept() -> None:
+    timeline = _timeline.Timeline(Summary(), limit=1)
+    for _ in range(3):
+        timeline(SlowTaskEvent(40.0, 30.0, True, 0, "low", "cpu_blocking", []))
+    assert len(timeline.steps()) == 1 and timeline.dropped == 2
+
+
+def test_an_unwritable_html_path_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text("pass\n", encoding="utf-8")
+    for flag in ("--html", "--speedscope", "--folded"):
+        done = subprocess.run(
+            [sys.executable, "-m", "aiocop", "run", flag, str(tmp_path / "missing" / "x"), "app.py"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2, done.stderr
+        assert f"{flag}: cannot write a file in" in done.stderr
+
+
+def test_a_failed_write_after_the_run_fails_the_run(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text("pass\n", encoding="utf-8")
+    os.mkfifo(tmp_path / "nobody-reads")  # opened for writing without a reader: ENXIO, at once
+    done = subprocess.run(
+        [sys.executable, "-m", "aiocop", "run", "--html", "nobody-reads", "--folded", "ok.folded", "app.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "aiocop: could not write --html file:" in done.stderr
+    assert (tmp_path / "ok.folded").exists()  # the others are still written
+
+
+# --- the browser ---------------------------------------------------------------
+
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+)
+
+
+class Browser:
+    """Headless Chromium driven over `--remote-debugging-pipe` (fds 3 and 4, NUL-separated JSON)."""
+
+    def __init__(self, chromium: str, profile: Path, timeout: float = 60.0) -> None:
+        self.timeout = timeout
+        commands_r, self._commands = os.pipe()
+        self._replies, replies_w = os.pipe()
+
+        def onto_3_and_4() -> None:  # in the child: the pipe ends where Chromium looks for them
+            a, b = fcntl.fcntl(commands_r, fcntl.F_DUPFD, 10), fcntl.fcntl(replies_w, fcntl.F_DUPFD, 10)
+            os.dup2(a, 3)
+            os.dup2(b, 4)
+
+        profile.mkdir(parents=True, exist_ok=True)
+        self.log = profile.with_name(profile.name + ".log")
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-pipe", "about:blank"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                close_fds=False,  # fds 3 and 4 are made in the child; every other fd of ours is non-inheritable
+                preexec_fn=onto_3_and_4,  # noqa: PLW1509 - a test, before any thread of its own
+            )
+        os.close(commands_r)
+        os.close(replies_w)
+        self._buffer = b""
+        self._next_id = 0
+        self.events: list[dict[str, Any]] = []
+
+    def _message(self) -> dict[str, Any]:
+        while b"\0" not in self._buffer:
+            ready, _, _ = select.select([self._replies], [], [], self.timeout)
+            chunk = os.read(self._replies, 1 << 20) if ready else b""
+            if not chunk:
+                raise AssertionError(f"chromium did not answer; its log: {self.log.read_text(errors='replace')}")
+            self._buffer += chunk
+        message, _, self._buffer = self._buffer.partition(b"\0")
+        parsed: dict[str, Any] = json.loads(message)
+        return parsed
+
+    def call(self, method: str, params: dict[str, Any] | None = None, session: str | None = None) -> dict[str, Any]:
+        self._next_id += 1
+        command: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
+        if session:
+            command["sessionId"] = session
+        os.write(self._commands, json.dumps(command).encode() + b"\0")
+        while True:
+            message = self._message()
+            if message.get("id") == self._next_id:
+                assert "error" not in message, message
+                result: dict[str, Any] = message["result"]
+                return result
+            self.events.append(message)
+
+    def wait_for(self, method: str) -> None:
+        while not any(e.get("method") == method for e in self.events):
+            self.events.append(self._message())
+
+    def open(self, url: str, width: int = 1280, height: int = 900) -> str:
+        """Load `url` in the first tab; the tab's session."""
+        targets = self.call("Target.getTargets")["targetInfos"]
+        target = next((t["targetId"] for t in targets if t["type"] == "page"), None)
+        if target is None:
+            target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session: str = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        for domain in ("Runtime", "Log", "Page"):
+            self.call(f"{domain}.enable", session=session)
+        metrics = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}
+        self.call("Emulation.setDeviceMetricsOverride", metrics, session)
+        self.call("Page.navigate", {"url": url}, session)
+        self.wait_for("Page.loadEventFired")
+        return session
+
+    def evaluate(self, session: str, expression: str) -> Any:
+        reply = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session)
+        assert "exceptionDetails" not in reply, reply
+        return reply["result"].get("value")
+
+    def screenshot(self, session: str, path: Path) -> None:
+        size = self.call("Page.getLayoutMetrics", session=session)["cssContentSize"]
+        clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
+        shot = self.call(
+            "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}, session
+        )
+        path.write_bytes(base64.b64decode(shot["data"]))
+
+    def problems(self) -> list[str]:
+        """What the page said went wrong: uncaught errors, console errors and warnings, CSP and load failures."""
+        found = []
+        for event in self.events:
+            method, params = event.get("method"), event.get("params", {})
+            if method == "Runtime.exceptionThrown":
+                found.append(json.dumps(params["exceptionDetails"])[:500])
+            elif method == "Runtime.consoleAPICalled" and params["type"] in ("error", "warning", "assert"):
+                found.append(json.dumps(params["args"])[:500])
+            elif method == "Log.entryAdded" and params["entry"]["level"] in ("error", "warning"):
+                found.append(params["entry"]["text"])
+        return found
+
+    def close(self) -> None:
+        with contextlib.suppress(AssertionError, OSError):
+            self.call("Browser.close")
+        try:
+            self.process.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        os.close(self._commands)
+        os.close(self._replies)
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("AIOCOP_REQUIRE_CHROMIUM"):
+            pytest.fail("AIOCOP_REQUIRE_CHROMIUM is set but chromium is not installed (apt-get install chromium)")
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium); CI installs it")
+    return found
+
+
+# Read once the page has loaded: what the browser drew, and what it does when clicked.
+_INSPECT = """JSON.stringify((() => {
+  const box = (e) => { const r = e.getBoundingClientRect(); return [r.width, r.height]; };
+  const one = (s) => { const e = document.querySelector(s); return e ? box(e) : null; };
+  const out = {
+    rendered: document.documentElement.dataset.rendered, title: document.title,
+    injected: document.querySelectorAll("img").length + document.scripts.length,
+    timeline: one("#timeline-svg"), flame: one("#flame-svg"),
+    bars: [...document.querySelectorAll("#timeline-svg rect.step-bar")].map(
+      (r) => [r.getAttribute("class"), box(r)[0], r.querySelector("title").textContent]),
+    frames: [...document.querySelectorAll("#flame-svg rect.frame")].map(
+      (r) => [r.querySelector("title").textContent, box(r)[0]]),
+    rows: [...document.querySelectorAll("#sites tbody tr.site")].map((r) => r.cells[0].textContent),
+  };
+  const row = [...document.querySelectorAll("#sites tbody tr.site")].find((r) => r.cells[0].textContent === %s);
+  row.click();
+  out.marked = [...document.querySelectorAll("tr.detail li.app")].map((li) => li.textContent);
+  out.detail = document.querySelector("tr.detail").textContent;
+  const spin = [...document.querySelectorAll("#flame-svg rect.frame")].find(
+    (r) => r.querySelector("title").textContent.startsWith("planted.py:%d spin"));
+  spin.dispatchEvent(new MouseEvent("click"));
+  out.zoomed = [...document.querySelectorAll("#flame-svg rect.frame")].filter(
+    (r) => r.querySelector("title").textContent.startsWith("planted.py:%d spin")).map((r) => box(r)[0]);
+  out.svgWidth = one("#flame-svg")[0];
+  return out;
+})())"""
+
+
+def test_report_renders_in_headless_chromium(report: Path) -> None:
+    chromium = _chromium()
+    browser = Browser(chromium, report / "profile")
+    try:
+        session = browser.open((report / "report.html").as_uri())
+        seen = json.loads(browser.evaluate(session, _INSPECT % (json.dumps(CALL_SITE), STALL_LINE, STALL_LINE)))
+        browser.screenshot(session, report / "report.png")
+        problems = browser.problems()
+    finally:
+        browser.close()
+    assert seen["rendered"] == "yes", seen["rendered"]
+    assert problems == []
+    assert seen["title"].startswith("aiocop report: python -m aiocop run")  # not 'pwned'
+    assert seen["injected"] == 2  # the page's two script elements; no image, no script from a name
+    assert seen["timeline"][0] > 0 and seen["timeline"][1] > 0
+    assert seen["flame"][0] > 0 and seen["flame"][1] > 0
+    causes = {bar[0].split()[-1] for bar in seen["bars"]}
+    assert {"cause-blocking-call", "cause-stall"} <= causes, seen["bars"]
+    assert all(bar[1] > 0 for bar in seen["bars"])
+    call_bar = next(bar[2] for bar in seen["bars"] if "cause-blocking-call" in bar[0])
+    assert EVIL_TASK in call_bar and CALL_SITE in call_bar and EVIL_CONTEXT in call_bar  # the hover, as text
+    assert CALL_SITE in seen["rows"]
+    assert any(f"planted.py:{STALL_LINE} spin" in title and width > 0 for title, width in seen["frames"])
+    assert seen["marked"] and all(f"planted.py:{_line_of('PLANTED-CALL')} blocking" in m for m in seen["marked"])
+    assert EVIL_TASK in seen["detail"]
+    assert seen["zoomed"] and seen["zoomed"][0] == pytest.approx(seen["svgWidth"], rel=0.01)  # zoomed: full width
+    png = (report / "report.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
