@@ -33,6 +33,10 @@
     return file.startsWith(prefix) ? file.slice(prefix.length) : file;
   }
   function frameText(f) { return shortPath(f[0]) + ":" + f[1] + " " + f[2]; }
+  // A flame graph's frame: the function first (what a narrow box keeps), the stdlib's and packages' paths short.
+  function flameLabel(f) {
+    return f[2] + " " + shortPath(f[0]).replace(/^.*\/(site-packages|dist-packages|lib\/python[0-9.]+)\//, "") + ":" + f[1];
+  }
 
   // --- the run's facts -------------------------------------------------------
   const factList = [
@@ -188,14 +192,17 @@
     if (stepsOf(i).some((s) => s.samples.length)) scope.append(el("option", { value: String(i) }, r.call_site));
   });
   function tree(selected) {
-    const top = { name: "all samples", value: 0, children: new Map(), parent: null, app: false };
+    const top = { name: "all samples", full: "all samples", value: 0, children: new Map(), parent: null, app: false };
     for (const s of selected) for (const sample of s.samples) {
       let node = top;
       top.value += sample.count;
       for (let j = sample.frames.length - 1; j >= 0; j--) {
         const key = frameText(sample.frames[j]);
         let child = node.children.get(key);
-        if (!child) node.children.set(key, child = { name: key, value: 0, children: new Map(), parent: node, app: false });
+        if (!child) {
+          child = { name: flameLabel(sample.frames[j]), full: key, value: 0, children: new Map(), parent: node, app: false };
+          node.children.set(key, child);
+        }
         child.value += sample.count;
         child.app = child.app || j === sample.app_frame;
         node = child;
@@ -230,7 +237,7 @@
         fill: node.parent === null ? "#bbb" : `hsl(${hue}, 80%, ${node.app ? 72 : 62}%)`,
       });
       const share = (100 * node.value / (chain[0] || top).value).toFixed(1);
-      rect.append(svg("title", {}, `${node.name}\n${node.value} sample(s), ${share}%` + (node.app ? "\nthe application's code" : "")));
+      rect.append(svg("title", {}, `${node.full}\n${node.value} sample(s), ${share}%` + (node.app ? "\nthe application's code" : "")));
       rect.addEventListener("click", () => drawFlame(node === top && node.parent ? node.parent : node));
       g.append(rect);
       if (width > 40) {

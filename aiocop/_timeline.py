@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import os
 import platform
-import sys
 import time
 from dataclasses import dataclass
 from time import perf_counter
@@ -100,7 +99,7 @@ def build(timeline: Timeline, facts: Facts) -> dict[str, Any]:
     return {
         "facts": {
             "command": facts.command,
-            "python": f"{platform.python_implementation()} {platform.python_version()} ({sys.executable})",
+            "python": f"{platform.python_implementation()} {platform.python_version()}",
             "loop": facts.loop + (f"; seen: {', '.join(loops)}" if loops else ""),
             "threshold_ms": facts.threshold_ms,
             "duration_ms": round(duration, 3),
