@@ -340,17 +340,9 @@ def session(argv: Sequence[str] | None = None) -> Generator[Program, int, int]:
 
 def _check_output(parser: argparse.ArgumentParser, flag: str, path: str | None) -> None:
     # What can be known before the run; what cannot (a full disk) fails the run after it.
-    if path is None:
-        return
-    if not path:
-        _usage_error(parser, f"{flag}: expected a file name, got ''")
-    if os.path.isdir(path):
-        _usage_error(parser, f"{flag}: {path!r} is a directory, not a file")
-    folder = os.path.dirname(os.path.abspath(path))
-    folder_ok = os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)
-    # /dev/stdout, or a file one may write in a folder one may not: fine.
-    if not folder_ok and not (os.path.exists(path) and os.access(path, os.W_OK)):
-        _usage_error(parser, f"{flag}: cannot write a file in {folder!r}")
+    problem = None if path is None else _report_files.output_problem(flag, path)
+    if problem is not None:
+        _usage_error(parser, problem)
 
 
 def _warn(message: str) -> None:

@@ -41,7 +41,7 @@
   // --- the run's facts -------------------------------------------------------
   const factList = [
     ["command", facts.command], ["Python", facts.python], ["loop", facts.loop],
-    ["threshold", facts.threshold_ms + " ms"], ["duration", ms(facts.duration_ms) + " ms"],
+    ["threshold", facts.threshold_ms === null ? "off (no stall watchdog)" : facts.threshold_ms + " ms"], ["duration", ms(facts.duration_ms) + " ms"],
     ["started", facts.started], ["exit status", facts.exit_status === null ? "-" : facts.exit_status],
     ["aiocop", facts.aiocop],
   ];

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,23 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "--speedscope": _exports.speedscope_text,
     "--folded": _exports.folded,
 }
+
+
+def output_problem(flag: str, path: str) -> str | None:
+    """Why `path` cannot be written, as far as can be known before a run (None: it may be), naming `flag`.
+
+    What cannot be known yet (a full disk) fails the run after it.
+    """
+    if not path:
+        return f"{flag}: expected a file name, got ''"
+    if os.path.isdir(path):
+        return f"{flag}: {path!r} is a directory, not a file"
+    folder = os.path.dirname(os.path.abspath(path))
+    folder_ok = os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)
+    # /dev/stdout, or a file one may write in a folder one may not: fine.
+    if not folder_ok and not (os.path.exists(path) and os.access(path, os.W_OK)):
+        return f"{flag}: cannot write a file in {folder!r}"
+    return None
 
 
 def write(timeline: _timeline.Timeline, facts: _timeline.Facts, paths: Mapping[str, str | None]) -> bool:

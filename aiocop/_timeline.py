@@ -79,7 +79,7 @@ class Facts:
     """What the report says about the run itself."""
 
     command: str
-    threshold_ms: float
+    threshold_ms: float | None  # None: no stall watchdog (the pytest plugin's default)
     loop: str  # the loop implementation asked for (e.g. "uvloop (--uvloop)")
     exit_status: int | None = None
 

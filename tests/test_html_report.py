@@ -26,6 +26,7 @@ import pytest
 from aiocop import _exports, _html, _timeline
 from aiocop._events import SlowTaskEvent
 from aiocop._report import Summary
+from tests.pytester_args import QUIET
 
 SCHEMA = Path(__file__).with_name("data") / "speedscope-file-format-schema.json"
 EVIL_TASK = "</script><script>document.title='pwned'</script>"
@@ -461,3 +462,47 @@ def test_report_renders_in_headless_chromium(report: Path) -> None:
     assert seen["zoomed"] and seen["zoomed"][0] == pytest.approx(seen["svgWidth"], rel=0.01)  # zoomed: full width
     png = (report / "report.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
+# --- the pytest plugin: one report for the session --------------------------------
+
+PLUGIN_TESTS = textwrap.dedent(
+    """
+    import asyncio
+    import time
+
+
+    def test_blocks():
+        async def body():
+            time.sleep(0.01)  # PLUGIN-CALL
+
+        asyncio.run(body())
+
+
+    def test_fine():
+        asyncio.run(asyncio.sleep(0))
+    """
+)
+
+
+def test_pytest_plugin_writes_one_report_for_the_session(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    pytester.makepyfile(test_planted=PLUGIN_TESTS)
+    result = pytester.runpytest_subprocess(*QUIET, "--aiocop", "--aiocop-html=session.html", timeout=120)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED  # the planted call fails its test, as without --aiocop-html
+    result.stdout.fnmatch_lines(["aiocop: wrote the HTML report *session.html", "*1 failed, 1 passed*"])
+    model = _embedded((pytester.path / "session.html").read_text(encoding="utf-8"))
+    written = (pytester.path / "test_planted.py").read_text(encoding="utf-8").splitlines()
+    line = next(n for n, text in enumerate(written, 1) if "PLUGIN-CALL" in text)
+    assert [row["call_site"] for row in model["summary"]["call_sites"]] == [f"test_planted.py:{line}:body"]
+    (step,) = model["steps"]
+    assert step["reason"] == "io_blocking" and step["calls"][0]["app_site"] == f"test_planted.py:{line}:body"
+    assert model["facts"]["threshold_ms"] is None
+    assert model["facts"]["command"].startswith("pytest ")
+
+
+def test_pytest_plugin_refuses_an_html_path_it_cannot_write(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_planted=PLUGIN_TESTS)
+    result = pytester.runpytest_subprocess(*QUIET, "--aiocop", "--aiocop-html=missing/session.html", timeout=120)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--aiocop-html: cannot write a file in*missing*"])
