@@ -28,6 +28,7 @@ from aiocop._events import SlowTaskEvent
 from aiocop._report import Summary
 from tests.pytester_args import QUIET
 
+ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = Path(__file__).with_name("data") / "speedscope-file-format-schema.json"
 EVIL_TASK = "</script><script>document.title='pwned'</script>"
 EVIL_CONTEXT = "<img src=x onerror=\"document.title='pwned2'\">"
@@ -345,7 +346,7 @@ class Browser:
             self.events.append(self._message())
 
     def open(self, url: str, width: int = 1280, height: int = 900) -> str:
-        """Load `url` in the first tab; the tab's session."""
+        """Load `url` in the first tab; the tab's session (`navigate` loads the next page in it)."""
         targets = self.call("Target.getTargets")["targetInfos"]
         target = next((t["targetId"] for t in targets if t["type"] == "page"), None)
         if target is None:
@@ -355,9 +356,13 @@ class Browser:
             self.call(f"{domain}.enable", session=session)
         metrics = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}
         self.call("Emulation.setDeviceMetricsOverride", metrics, session)
+        self.navigate(session, url)
+        return session
+
+    def navigate(self, session: str, url: str) -> None:
+        self.events = [e for e in self.events if e.get("method") != "Page.loadEventFired"]
         self.call("Page.navigate", {"url": url}, session)
         self.wait_for("Page.loadEventFired")
-        return session
 
     def evaluate(self, session: str, expression: str) -> Any:
         reply = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session)
@@ -397,7 +402,9 @@ class Browser:
         os.close(self._replies)
 
 
-def _chromium() -> str:
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """The browser's path (first: a run without it skips before making the reports)."""
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None:
         if os.environ.get("AIOCOP_REQUIRE_CHROMIUM"):
@@ -434,16 +441,58 @@ _INSPECT = """JSON.stringify((() => {
 })())"""
 
 
-def test_report_renders_in_headless_chromium(report: Path) -> None:
-    chromium = _chromium()
+@pytest.fixture(scope="module")
+def demo_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The report of `make demo`'s app, as its how-to page shows it."""
+    page = tmp_path_factory.mktemp("demo-report") / "report.html"
+    done = subprocess.run(
+        [sys.executable, "-m", "aiocop", "run", "--html", str(page), "examples/demo_app.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return page
+
+
+# The demo's planted lines (examples/demo_app.py), found by their code.
+_DEMO = (ROOT / "examples" / "demo_app.py").read_text(encoding="utf-8").splitlines()
+DEMO_SLEEP, DEMO_STALL = (
+    next(n for n, line in enumerate(_DEMO, 1) if code in line) for code in ("time.sleep(0.05)", "total += i * i % 7")
+)
+_INSPECT_DEMO = """JSON.stringify({
+  rendered: document.documentElement.dataset.rendered,
+  rows: [...document.querySelectorAll("#sites tbody tr.site")].map(
+    (r) => [r.cells[0].textContent, r.cells[1].textContent]),
+  bars: [...document.querySelectorAll("#timeline-svg rect.step-bar")].map(
+    (r) => [r.getAttribute("class"), r.getBoundingClientRect().width]),
+  frames: [...document.querySelectorAll("#flame-svg rect.frame")].map(
+    (r) => [r.querySelector("title").textContent, r.getBoundingClientRect().width]),
+})"""
+
+
+def test_report_renders_in_headless_chromium(chromium: str, report: Path, demo_report: Path) -> None:
     browser = Browser(chromium, report / "profile")
     try:
         session = browser.open((report / "report.html").as_uri())
         seen = json.loads(browser.evaluate(session, _INSPECT % (json.dumps(CALL_SITE), STALL_LINE, STALL_LINE)))
         browser.screenshot(session, report / "report.png")
+        browser.navigate(session, demo_report.as_uri())
+        demo = json.loads(browser.evaluate(session, _INSPECT_DEMO))
+        browser.screenshot(session, demo_report.with_suffix(".png"))
         problems = browser.problems()
     finally:
         browser.close()
+    # The demo app: its planted calls in the table, its stall in the flame graph, both on the timeline.
+    assert demo["rendered"] == "yes"
+    assert [f"examples/demo_app.py:{DEMO_SLEEP}:report", "time.sleep"] in demo["rows"]
+    assert [f"examples/demo_app.py:{DEMO_STALL}:stats", "stall"] in demo["rows"]
+    assert {"socket.gethostbyname", "os.stat", "subprocess.Popen", "open"} <= {event for _, event in demo["rows"]}
+    demo_causes = {bar[0].split()[-1] for bar in demo["bars"] if bar[1] > 0}
+    assert {"cause-blocking-call", "cause-stall"} <= demo_causes
+    assert any(t.startswith(f"examples/demo_app.py:{DEMO_STALL} stats") and w > 0 for t, w in demo["frames"])
     assert seen["rendered"] == "yes", seen["rendered"]
     assert problems == []
     assert seen["title"].startswith("aiocop report: python -m aiocop run")  # not 'pwned'
