@@ -27,7 +27,6 @@ from aiocop._frames import set_app_paths
 from aiocop._inputs import open_for_writing
 from aiocop._report import Summary, describe
 from aiocop._severity import level_rank
-from aiocop._timeline import Facts, Timeline
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator, Iterator, Sequence
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
 
     from aiocop._allow import AllowRule
     from aiocop._events import SlowTaskEvent
+    from aiocop._timeline import Timeline
 
 PROG = "python -m aiocop"
 EXIT_ERROR = 1  # what the run was asked to write could not be written
@@ -329,7 +329,7 @@ def session(argv: Sequence[str] | None = None) -> Generator[Program, int, int]:
     # Found out now rather than after a long run whose report is then lost.
     _check_output(run_parser, "--json", settings.json)
     _check_output(run_parser, "--write-baseline", settings.write_baseline)
-    for flag in _report_files.RENDERERS:
+    for flag in _report_files.FLAGS:
         _check_output(run_parser, flag, getattr(settings, flag[2:]))
     settings.command = f"{PROG} {shlex.join(argv)}"
     resolved = _resolve(settings, run_parser)
@@ -439,9 +439,12 @@ def _default_loop_factory(factory: Callable[[], asyncio.AbstractEventLoop] | Non
 
 def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> Generator[Program, int, int]:
     summary = Summary(resolved.baseline)
-    pictures = {flag: getattr(settings, flag[2:]) for flag in _report_files.RENDERERS}
-    # The picture files need each step's time: kept only when one is asked for.
-    timeline = Timeline(summary) if any(pictures.values()) else None
+    pictures = {flag: getattr(settings, flag[2:]) for flag in _report_files.FLAGS}
+    timeline: Timeline | None = None
+    if any(pictures.values()):  # they need each step's time: kept only when one is asked for
+        from aiocop._timeline import Timeline  # noqa: PLC0415 - loaded only by a run that asked
+
+        timeline = Timeline(summary)
     collector = timeline or summary
     aiocop.start_blocking_io_detection(trace_depth=resolved.trace_depth)
     if settings.no_watchdog:  # intercepted calls only; the threshold still says which steps were slow
@@ -475,9 +478,11 @@ def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> 
     # CI would pass without the report it archives.
     written = _write_json(settings.json, program, status, summary) if settings.json else True
     if timeline is not None:
+        from aiocop import _timeline  # noqa: PLC0415 - loaded already, by the run that asked
+
         timeline.finish()
         loop = "uvloop (--uvloop)" if settings.uvloop else "the program's own (asyncio's default unless it names one)"
-        facts = Facts(settings.command, resolved.threshold_ms, loop, status)
+        facts = _timeline.Facts(settings.command, resolved.threshold_ms, loop, status)
         written = _report_files.write(timeline, facts, pictures) and written
     if settings.write_baseline:
         try:

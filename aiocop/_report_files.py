@@ -1,4 +1,8 @@
-"""Writing the run's picture files (`--html`, `--speedscope`, `--folded`): one model, three renderers."""
+"""Writing the run's picture files (`--html`, `--speedscope`, `--folded`): one model, three renderers.
+
+The renderers (and the timeline that feeds them) are imported only by a run
+that asks for one of these files: a run that never does loads none of them.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +10,14 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from aiocop import _exports, _html, _timeline
 from aiocop._inputs import open_for_writing
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-    from typing import Any
+    from collections.abc import Mapping
 
-# The option, and how it draws the model.
-RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "--html": _html.render,
-    "--speedscope": _exports.speedscope_text,
-    "--folded": _exports.folded,
-}
+    from aiocop._timeline import Facts, Timeline
+
+FLAGS = ("--html", "--speedscope", "--folded")
 
 
 def output_problem(flag: str, path: str) -> str | None:
@@ -38,7 +37,7 @@ def output_problem(flag: str, path: str) -> str | None:
     return None
 
 
-def write(timeline: _timeline.Timeline, facts: _timeline.Facts, paths: Mapping[str, str | None]) -> bool:
+def write(timeline: Timeline, facts: Facts, paths: Mapping[str, str | None]) -> bool:
     """Write each file asked for (option -> path, None: not asked); False if one could not be written.
 
     Each failure is said on stderr, naming the option; the others are still written.
@@ -46,11 +45,14 @@ def write(timeline: _timeline.Timeline, facts: _timeline.Facts, paths: Mapping[s
     asked = {flag: path for flag, path in paths.items() if path is not None}
     if not asked:
         return True
+    from aiocop import _exports, _html, _timeline  # noqa: PLC0415 - only for a run that asked for a file
+
     model = _timeline.build(timeline, facts)
+    renderers = {"--html": _html.render, "--speedscope": _exports.speedscope_text, "--folded": _exports.folded}
     ok = True
     for flag, path in asked.items():
         try:
-            text = RENDERERS[flag](model)
+            text = renderers[flag](model)
             with open_for_writing(path) as out:
                 out.write(text)
         except (OSError, UnicodeError) as error:
