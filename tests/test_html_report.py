@@ -555,3 +555,30 @@ def test_pytest_plugin_refuses_an_html_path_it_cannot_write(pytester: pytest.Pyt
     result = pytester.runpytest_subprocess(*QUIET, "--aiocop", "--aiocop-html=missing/session.html", timeout=120)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--aiocop-html: cannot write a file in*missing*"])
+
+
+def _stall(thread: str, frames: list[tuple[str, int, str]], count: int) -> SlowTaskEvent:
+    sample = {"trace": "", "entry_point": "", "count": count, "frames": frames}
+    return SlowTaskEvent(
+        100.0, 30.0, True, 0, "low", "cpu_blocking", [], cpu_stack_samples=[sample], thread_name=thread, loop="L@1"
+    )
+
+
+def test_speedscope_has_one_profile_per_loop_thread_and_folded_merges_them() -> None:
+    timeline = _timeline.Timeline(Summary())
+    inner, outer = ("/app/a.py", 3, "inner"), ("/app/a.py", 9, "outer")
+    timeline(_stall("one", [inner, outer], 2))
+    timeline(_stall("two", [inner, outer], 5))
+    timeline(_stall("two", [outer], 1))
+    model = _timeline.build(timeline, _timeline.Facts("cmd", 30.0, "asyncio"))
+    model["facts"]["cwd"] = "/app"
+    document = _exports.speedscope(model)
+    schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
+    _check(document, schema, schema)
+    names = [p["name"] for p in document["profiles"]]
+    assert names == ["L@1 on thread one", "L@1 on thread two"]
+    frames = [f["name"] for f in document["shared"]["frames"]]
+    two = document["profiles"][1]
+    assert [[frames[i] for i in stack] for stack in two["samples"]] == [["outer", "inner"], ["outer"]]
+    assert two["weights"] == [5, 1] and two["endValue"] == 6
+    assert _exports.folded(model) == "outer (a.py:9) 1\nouter (a.py:9);inner (a.py:3) 7\n"
