@@ -13,6 +13,7 @@ import json
 import math
 import os
 import runpy
+import shlex
 import signal
 import sys
 import threading
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import aiocop
-from aiocop import _baseline, _state
+from aiocop import _baseline, _report_files, _state
 from aiocop._config import MAX_THRESHOLD_MS, ConfigError, parse_allow_line, read_config
 from aiocop._events import is_hang_report
 from aiocop._frames import set_app_paths
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
     from aiocop._allow import AllowRule
     from aiocop._events import SlowTaskEvent
+    from aiocop._timeline import Timeline
 
 PROG = "python -m aiocop"
 EXIT_ERROR = 1  # what the run was asked to write could not be written
@@ -50,6 +52,9 @@ _VALUE_OPTIONS = frozenset(
         "--hang-after-ms",
         "--trace-depth",
         "--json",
+        "--html",
+        "--speedscope",
+        "--folded",
         "--fail-on",
         "--top",
         "--config",
@@ -129,6 +134,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     run.add_argument(
         "--json", metavar="FILE", help="also write the summary, with one example trace per call site, as JSON"
     )
+    _add_picture_files(run)
     run.add_argument(
         "--fail-on",
         choices=LEVELS,
@@ -188,6 +194,23 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     run.add_argument("-m", dest="module", metavar="module", help="run a library module as a script, like python -m")
     _add_attach(commands)
     return parser, run
+
+
+def _add_picture_files(run: argparse.ArgumentParser) -> None:
+    run.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write a self-contained HTML report: the call sites with their traces, a timeline of the "
+        "steps that held each loop, and flame graphs of the stall samples",
+    )
+    run.add_argument(
+        "--speedscope",
+        metavar="FILE",
+        help="also write the stall samples in speedscope's JSON format, one profile per loop thread",
+    )
+    run.add_argument(
+        "--folded", metavar="FILE", help="also write the stall samples as folded stacks (flamegraph.pl, inferno)"
+    )
 
 
 def _add_attach(commands: Any) -> argparse.ArgumentParser:
@@ -296,10 +319,11 @@ def session(argv: Sequence[str] | None = None) -> Generator[Program, int, int]:
         # Imported for this command only: `run` never loads attach, nor reads its environment.
         from aiocop import _attach  # noqa: PLC0415
 
-        try:  # checked before anything else, on any Python, as a usage error
+        try:  # checked before anything else, on any Python: a usage error, said as attach says its errors
             _attach.start_timeout_s()
         except _attach.UsageError as problem:
-            _usage_error(attach_parser(), str(problem))
+            print(f"aiocop attach: {problem}", file=sys.stderr)
+            return EXIT_USAGE
         return _attach.main(
             settings.pid, settings.seconds, settings.threshold_ms, settings.json, settings.fail_on, settings.top
         )
@@ -317,6 +341,9 @@ def session(argv: Sequence[str] | None = None) -> Generator[Program, int, int]:
     # Found out now rather than after a long run whose report is then lost.
     _check_output(run_parser, "--json", settings.json)
     _check_output(run_parser, "--write-baseline", settings.write_baseline)
+    for flag in _report_files.FLAGS:
+        _check_output(run_parser, flag, getattr(settings, flag[2:]))
+    settings.command = f"{PROG} {shlex.join(argv)}"
     resolved = _resolve(settings, run_parser)
     factory = _uvloop_factory(run_parser) if settings.uvloop else None
     with _default_loop_factory(factory):
@@ -325,17 +352,9 @@ def session(argv: Sequence[str] | None = None) -> Generator[Program, int, int]:
 
 def _check_output(parser: argparse.ArgumentParser, flag: str, path: str | None) -> None:
     # What can be known before the run; what cannot (a full disk) fails the run after it.
-    if path is None:
-        return
-    if not path:
-        _usage_error(parser, f"{flag}: expected a file name, got ''")
-    if os.path.isdir(path):
-        _usage_error(parser, f"{flag}: {path!r} is a directory, not a file")
-    folder = os.path.dirname(os.path.abspath(path))
-    folder_ok = os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)
-    # /dev/stdout, or a file one may write in a folder one may not: fine.
-    if not folder_ok and not (os.path.exists(path) and os.access(path, os.W_OK)):
-        _usage_error(parser, f"{flag}: cannot write a file in {folder!r}")
+    problem = None if path is None else _report_files.output_problem(flag, path)
+    if problem is not None:
+        _usage_error(parser, problem)
 
 
 def _warn(message: str) -> None:
@@ -432,13 +451,20 @@ def _default_loop_factory(factory: Callable[[], asyncio.AbstractEventLoop] | Non
 
 def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> Generator[Program, int, int]:
     summary = Summary(resolved.baseline)
+    pictures = {flag: getattr(settings, flag[2:]) for flag in _report_files.FLAGS}
+    timeline: Timeline | None = None
+    if any(pictures.values()):  # they need each step's time: kept only when one is asked for
+        from aiocop._timeline import Timeline  # noqa: PLC0415 - loaded only by a run that asked
+
+        timeline = Timeline(summary)
+    collector = timeline or summary
     aiocop.start_blocking_io_detection(trace_depth=resolved.trace_depth)
     if settings.no_watchdog:  # intercepted calls only; the threshold still says which steps were slow
         _state.config.threshold_ms = resolved.threshold_ms
-        aiocop.register_slow_task_callback(summary)
+        aiocop.register_slow_task_callback(collector)
     else:
         aiocop.detect_slow_tasks(
-            threshold_ms=resolved.threshold_ms, on_slow_task=summary, hang_after_ms=settings.hang_after_ms
+            threshold_ms=resolved.threshold_ms, on_slow_task=collector, hang_after_ms=settings.hang_after_ms
         )
     set_app_paths(resolved.app_paths, resolved.library_paths)
     for rule in resolved.allow:
@@ -457,18 +483,37 @@ def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> 
     finally:
         restore()
     aiocop.stop()  # delivers what is still pending
-    aiocop.unregister_slow_task_callback(summary)
+    aiocop.unregister_slow_task_callback(collector)
     aiocop.unregister_slow_task_callback(_print_event)
     aiocop.unregister_slow_task_callback(_print_hang)
 
     for rule in resolved.allow:
         aiocop.remove_allow_rule(rule)
     set_app_paths((), ())
+    return _conclude(program, settings, resolved, status, summary, timeline, pictures)
 
+
+def _conclude(
+    program: Program,
+    settings: argparse.Namespace,
+    resolved: Resolved,
+    status: int,
+    summary: Summary,
+    timeline: Timeline | None,
+    pictures: dict[str, str | None],
+) -> int:
+    """After the run: the report printed, the files asked for written, the exit status."""
     print("\n" + summary.render(limit=settings.top), file=sys.stderr)
     # A run asked for a file it did not get has not succeeded, whatever the program did:
     # CI would pass without the report it archives.
     written = _write_json(settings.json, program, status, summary) if settings.json else True
+    if timeline is not None:
+        from aiocop import _timeline  # noqa: PLC0415 - loaded already, by the run that asked
+
+        timeline.finish()
+        loop = "uvloop (--uvloop)" if settings.uvloop else "the program's own (asyncio's default unless it names one)"
+        facts = _timeline.Facts(settings.command, resolved.threshold_ms, loop, status)
+        written = _report_files.write(timeline, facts, pictures) and written
     if settings.write_baseline:
         try:
             _baseline.write(settings.write_baseline, summary.counts())

@@ -239,7 +239,8 @@ def _step_fields(
         "impact": impact_level(group.score, elapsed_ms, threshold_ms),
         # Reported as a hang while it ran (issue 25): say so, and for how long.
         "hang_reports": stall.hang_reports if stall is not None else 0,
-        "hung_ms": elapsed_ms if stall is not None and stall.hang_reports else 0.0,
+        # Never less than a hang report made while it ran said (the two ends are estimated apart).
+        "hung_ms": max(elapsed_ms, stall.hung_s * 1000.0) if stall is not None and stall.hang_reports else 0.0,
         "ongoing": False,
         "blocker": "",
         "blocker_trace": "",

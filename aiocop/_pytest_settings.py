@@ -80,6 +80,7 @@ class Settings:
     baseline_file: str | None = None  # compared with (None: no baseline)
     baseline: frozenset[tuple[str, str]] | None = None  # the call sites it records
     write_baseline: str | None = None  # record the session's call sites here instead of failing tests
+    html: str | None = None  # write the session's HTML report here
     config_source: str | None = None  # the pyproject.toml whose [tool.aiocop] was read
 
     def header(self) -> str:
@@ -179,6 +180,13 @@ def add_options(parser: pytest.Parser) -> None:
         help="record the call sites that would fail tests in FILE, as the baseline later runs compare with; "
         "no test fails for blocking in this run",
     )
+    group.addoption(
+        "--aiocop-html",
+        dest="aiocop_html",
+        metavar="FILE",
+        help="write one self-contained HTML report of the session: the call sites with their traces, a timeline "
+        "of the steps that held a loop, flame graphs of the stall samples",
+    )
     # Unset ini keys read as None: then [tool.aiocop] in pyproject.toml, then the default.
     parser.addini("aiocop", type="bool", default=False, help="switch the aiocop plugin on (see --aiocop)")
     parser.addini("aiocop_fail_on", type="string", default=None, help="see --aiocop-fail-on")
@@ -269,8 +277,21 @@ def read(config: pytest.Config) -> Settings:
         app_paths=project.app_paths,
         library_paths=project.library_paths,
         config_source=project.source if project != ProjectConfig(source=project.source) else None,
+        html=_html_path(config),
         **_baselines(config, project),
     )
+
+
+def _html_path(config: pytest.Config) -> str | None:
+    from aiocop._report_files import output_problem  # noqa: PLC0415 - loaded only by a session that is on
+
+    path: str | None = config.getoption("aiocop_html")
+    if path is None:
+        return None
+    problem = output_problem("--aiocop-html", path)
+    if problem is not None:
+        raise pytest.UsageError(problem)
+    return os.path.abspath(path)  # the tests may change the working directory
 
 
 def _project(config: pytest.Config) -> ProjectConfig:

@@ -101,6 +101,7 @@ class Step:
         "cpu_prev",
         "hang_next",
         "hangs",
+        "hung_s",
         "ident",
         "merged",
         "next_sample",
@@ -142,6 +143,7 @@ class Step:
         # look: what it ran since then (cpu_first - cpu_prev) came before this step.
         self.woke = False
         self.hangs = 0  # hang reports made of it while it ran
+        self.hung_s = 0.0  # how long it had run at its latest hang report: its final length is no less
         self.hang_next = 0.0  # its age (s) at the next hang report; 0: hang_after_ms from the config
 
     def cpu_rate(self) -> float:
@@ -233,6 +235,7 @@ class Stall:
     # this and the next look (`end` is an estimate within that gap).
     seen_until: float = 0.0
     hang_reports: int = 0  # reported as a hang this many times while it ran
+    hung_s: float = 0.0  # how long it had run at its latest hang report
 
     def release(self) -> None:
         """Drop the stalled frame and task: once its event exists, it says which task it was."""
@@ -627,6 +630,7 @@ class Watchdog:
             return
         if step.task is None:
             step.task = StalledTask.of(watch.loop, step.root)
+        step.hung_s = max(step.hung_s, now - step.start())
         try:
             report_hang(watch, step, innermost, now)
         except Exception:
@@ -866,6 +870,7 @@ def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
         step.ident,
         step.t_last,
         step.hangs,
+        step.hung_s,
     )
 
 

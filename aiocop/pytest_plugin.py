@@ -19,6 +19,7 @@ runs a loop, in any thread: `asyncio.run()`, a `TestClient`'s portal;
 from __future__ import annotations
 
 import inspect
+import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from aiocop._events import SlowTaskEvent
     from aiocop._pytest_events import EventLog, Recorder
     from aiocop._pytest_settings import Settings
+    from aiocop._timeline import Timeline
 
 __all__ = ["EventLog"]
 
@@ -68,6 +70,8 @@ class _Session:
         # With --aiocop-write-baseline: how many times each call site failed a test.
         self.seen: dict[tuple[str, str], int] = {}
         self.baseline_written: str | None = None  # what writing it said, for the summary
+        self.timeline: Timeline | None = None  # with --aiocop-html: the session's steps
+        self.html_written: str | None = None
 
     def start(self) -> None:
         from aiocop._frames import set_app_paths
@@ -76,6 +80,13 @@ class _Session:
         aiocop.start_blocking_io_detection(trace_depth=settings.trace_depth)
         if settings.threshold_ms is not None:
             aiocop.detect_slow_tasks(threshold_ms=settings.threshold_ms)
+        if settings.html is not None:
+            from aiocop._report import Summary
+            from aiocop._timeline import Timeline
+
+            self.timeline = Timeline(Summary(settings.baseline))
+            # Before the recorder: the timeline reads when a step ended before anything formats the event.
+            aiocop.register_slow_task_callback(self.timeline)
         aiocop.register_slow_task_callback(self.recorder)
         for rule in settings.allow:
             aiocop.add_allow_rule(rule)
@@ -85,10 +96,27 @@ class _Session:
         from aiocop._frames import set_app_paths
 
         aiocop.unregister_slow_task_callback(self.recorder)
+        if self.timeline is not None:
+            aiocop.unregister_slow_task_callback(self.timeline)
         for rule in self.settings.allow:
             aiocop.remove_allow_rule(rule)
         set_app_paths((), ())
         aiocop.stop()
+
+    def write_html(self, command: str) -> bool:
+        from aiocop import _report_files
+        from aiocop._timeline import Facts
+
+        path, timeline = self.settings.html, self.timeline
+        assert path is not None
+        assert timeline is not None
+        timeline.finish()
+        facts = Facts(command, self.settings.threshold_ms, "the tests' own")
+        if not _report_files.write(timeline, facts, {"--html": path}):
+            self.html_written = f"aiocop: could not write the HTML report {path} (see above)"
+            return False
+        self.html_written = f"aiocop: wrote the HTML report {path}"
+        return True
 
     def write_baseline(self) -> bool:
         from aiocop import _baseline
@@ -153,9 +181,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     # Written here, where the exit status can still change: a run asked for a
     # baseline it did not get has not succeeded (CI would commit nothing).
     state = session.config.stash.get(_SESSION, None)
-    if state is None or state.settings.write_baseline is None:
+    if state is None:
         return
-    if not state.write_baseline() and session.exitstatus == pytest.ExitCode.OK:
+    written = True
+    if state.settings.write_baseline is not None:
+        written = state.write_baseline()
+    if state.settings.html is not None:
+        command = shlex.join(["pytest", *session.config.invocation_params.args])
+        written = state.write_html(command) and written
+    if not written and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -163,6 +197,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     session = config.stash.get(_SESSION, None)
     if session is not None and session.baseline_written is not None:
         terminalreporter.write_line(session.baseline_written)
+    if session is not None and session.html_written is not None:
+        terminalreporter.write_line(session.html_written)
 
 
 @pytest.hookimpl(trylast=True)
