@@ -349,7 +349,7 @@ class allow_blocking(ContextVarScope[tuple[AllowRule, ...]]):  # noqa: N801 - re
         else:
             key = None
         # A cached rule still stands only while its events are detected ones.
-        if rule is None or not (not rule.events or live_weights().keys() >= rule.events):
+        if rule is None or not (not rule.events or _KNOWN.keys() >= rule.events):
             rule = self._build(events, module, path, call_site, everything)
             if key is not None:
                 if len(_scope_rules) >= _MAX_CACHED:
@@ -385,6 +385,8 @@ class allow_blocking(ContextVarScope[tuple[AllowRule, ...]]):  # noqa: N801 - re
         return super().__call__(check_decorated("allow_blocking()", func))
 
 
+# The live table of detected events: one dict, mutated in place, never rebound.
+_KNOWN = live_weights()
 # allow_blocking's arguments -> its checked rule (see allow_blocking.__init__).
 _scope_rules: dict[object, AllowRule] = {}
 _MAX_CHILDREN = 256  # scopes of distinct content entered inside one scope before its cache starts over
