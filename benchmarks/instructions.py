@@ -1,6 +1,18 @@
 """Instructions per task, counted by valgrind: a cost figure that load on the machine cannot move.
 
     python benchmarks/instructions.py [--loop uvloop] [--scenarios stat deep stat2 pure] [--tasks 3000]
+    python benchmarks/instructions.py --table | --markdown | --docs | --json [--with-blockbuster]
+
+`--table` measures the cost table of issue 26 (each call kind on asyncio
+and uvloop, allowed and harmless calls, an `allow_blocking` scope entered
+per task, `AiocopInstrumentor` on, a task that never blocks; detection and
+the watchdog on) and checks it against `benchmarks/budgets.toml`: non-zero
+exit, naming each scenario over its budget with its figure. `--markdown`
+adds blockbuster's column and prints the table of docs/benchmarks.md;
+`--docs` writes it there; `--json` prints the figures (what
+tests/test_cost_guard.py, the CI cost guard, reads); `--from-json FILE`
+renders an earlier `--json` run's figures instead of measuring. CPython 3.12
+only: instruction counts differ between versions.
 
 Timings on a shared machine move with everything else that runs on it; the
 number of instructions the CPU executes for a task does not. Each figure
@@ -465,6 +477,8 @@ def load_budgets(path: str = BUDGETS) -> dict[str, dict[str, float]]:
         for field in ("budget", "target"):
             if not isinstance(row.get(field), int | float) or row[field] < 0:
                 sys.exit(f"{path}: scenario {key!r} needs a non-negative number {field} =, got {row.get(field)!r}")
+        if not isinstance(row.get("measured"), int | float):
+            sys.exit(f"{path}: scenario {key!r} needs measured = (the figure its budget was set from)")
     missing = known - set(rows)
     if missing:
         sys.exit(f"{path}: no budget for {', '.join(sorted(missing))}")
@@ -472,7 +486,9 @@ def load_budgets(path: str = BUDGETS) -> dict[str, dict[str, float]]:
 
 
 def _k(value: float | None) -> str:
-    return "—" if value is None else f"{value / 1000:+.1f} k"
+    if value is None:
+        return "—"
+    return "0.0 k" if abs(value) < 50 else f"{value / 1000:+.1f} k"
 
 
 def markdown(figures: dict[str, dict[str, float]], budgets: dict[str, dict[str, float]]) -> str:
@@ -510,7 +526,11 @@ def run_table(args: argparse.Namespace) -> None:
         sys.exit("the budgets are CPython 3.12's instruction counts: run the table on CPython 3.12")
     budgets = load_budgets()
     loops = tuple(args.table_loops)
-    figures = table(loops, blockbuster=args.markdown or args.docs, tasks=args.tasks_table)
+    if args.from_json:
+        with open(args.from_json, encoding="utf-8") as f:
+            figures = json.load(f)  # a --json run's, with blockbuster's column if it was measured
+    else:
+        figures = table(loops, blockbuster=args.markdown or args.docs or args.with_blockbuster, tasks=args.tasks_table)
     if args.json:
         print(json.dumps(figures, indent=1, sort_keys=True))
         return
@@ -544,6 +564,8 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="the table in Markdown, with blockbuster's column")
     parser.add_argument("--docs", action="store_true", help="--markdown, and write it into docs/benchmarks.md")
     parser.add_argument("--json", action="store_true", help="the table's figures as JSON (for the cost guard)")
+    parser.add_argument("--from-json", metavar="FILE", help="render the figures of an earlier --json run instead")
+    parser.add_argument("--with-blockbuster", action="store_true", help="--json: measure blockbuster's column too")
     parser.add_argument("--table-loops", nargs="+", choices=("uvloop", "asyncio"), default=["uvloop", "asyncio"])
     parser.add_argument("--tasks-table", type=int, default=TABLE_TASKS, help=argparse.SUPPRESS)
     parser.add_argument("--table-child", nargs="+", help=argparse.SUPPRESS)
@@ -559,6 +581,9 @@ def main() -> None:
     if args.table_child:
         mode, loop_name, tasks, *scenarios = args.table_child
         table_child(mode, loop_name, int(tasks), scenarios)
+        return
+    if (args.table or args.markdown or args.docs or args.json) and args.from_json:
+        run_table(args)
         return
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (apt-get install valgrind)")
