@@ -357,6 +357,17 @@ def table_child(mode: str, loop_name: str, tasks: int, scenarios: list[str]) -> 
         aiocop.start_blocking_io_detection(trace_depth=5)
         aiocop.register_slow_task_callback(lambda event: counted.__setitem__(0, counted[0] + 1))
         aiocop.detect_slow_tasks(threshold_ms=WATCHDOG_THRESHOLD_MS)
+        # Each look of the watchdog takes the GIL from the loop's thread, and
+        # the hand-over costs that thread instructions at moments set by the
+        # clock, which valgrind's slowdown and the machine's load move (up to
+        # 4 % of a figure between runs at the default 2 ms). Here it looks once
+        # a second: the loop thread's own work for the watchdog stays in every
+        # figure, the polling's share is benchmarks/watchdog_busy_cost.py's.
+        from aiocop import _watchdog
+
+        _watchdog.sampling.busy_poll_ms = 1000.0
+        _watchdog.sampling.idle_interval_ms = 1000.0
+        _watchdog._FAST_IDLE_S = 1.0
         SCOPE = aiocop.allow_blocking
         if mode == "otel":
             from opentelemetry.sdk.metrics import MeterProvider
