@@ -125,8 +125,29 @@ def _check_events(events: object) -> frozenset[str]:
     return frozenset(names)
 
 
+class ScopedRules(tuple[AllowRule, ...]):
+    """The allow rules of the scopes entered in a context, outermost first.
+
+    Made once per content and kept (see `allow_blocking._value`): a scope
+    entered again, per task or per request, finds the same object, and the
+    matchers compiled for it are kept on it. Nothing is keyed by `id()`,
+    an audited builtin: each call of it runs every audit hook.
+    """
+
+    def __init__(self, rules: Iterable[AllowRule] = ()) -> None:
+        # event -> Matcher of the global rules plus these (None: no rule names
+        # the event), valid while the global rules are those of `generation`.
+        self.matchers: dict[str, Matcher | None] = {}
+        self.generation = -1
+        # allow_blocking's content key -> this tuple extended with its rule.
+        self.children: dict[object, ScopedRules] = {}
+
+
 _global_rules: tuple[AllowRule, ...] = ()
-scoped_rules: ContextVar[tuple[AllowRule, ...]] = ContextVar("aiocop_allow_rules", default=())
+# Bumped whenever the global rules change: every matcher compiled before is stale.
+_generation = 0
+NO_RULES = ScopedRules()
+scoped_rules: ContextVar[tuple[AllowRule, ...]] = ContextVar("aiocop_allow_rules", default=NO_RULES)
 
 
 class Matcher:
@@ -185,24 +206,19 @@ def _remember(cache: dict[object, bool], key: object, hit: bool) -> None:
 # event -> Matcher of the global rules (None: no rule names the event).
 # Emptied whenever the global rules change.
 _global_matchers: dict[str, Matcher | None] = {}
-# The same for the global rules plus a scope's, keyed by the id of the
-# scope's tuple (a new object whenever a scope is entered, kept alive by
-# the entry, so its id is not reused while the entry stands): hashing the
-# rules themselves would cost a Python call per rule.
-_scoped_matchers: dict[int, tuple[tuple[AllowRule, ...], dict[str, Matcher | None]]] = {}
 
 
 def matcher(event: str, scoped: tuple[AllowRule, ...]) -> Matcher | None:
     """The compiled allow rules, global and `scoped`, for `event`; None if none can match it."""
-    if scoped:
-        entry = _scoped_matchers.get(id(scoped))
-        if entry is None or entry[0] is not scoped:
-            if len(_scoped_matchers) >= 64:
-                _scoped_matchers.clear()
-            entry = _scoped_matchers[id(scoped)] = (scoped, {})
-        by_event = entry[1]
-    else:
+    if not scoped:
         by_event = _global_matchers
+    elif type(scoped) is ScopedRules:
+        if scoped.generation != _generation:
+            scoped.matchers = {}
+            scoped.generation = _generation
+        by_event = scoped.matchers
+    else:
+        by_event = {}  # rules set by hand, not by a scope: compiled, not kept (nothing in aiocop does this)
     compiled = by_event.get(event, _UNSET)
     if compiled is _UNSET:
         compiled = Matcher((*_global_rules, *scoped), event)
@@ -216,8 +232,9 @@ _UNSET: object = object()
 
 
 def _rules_changed() -> None:
+    global _generation
     _global_matchers.clear()
-    _scoped_matchers.clear()
+    _generation += 1
 
 
 def global_rules() -> tuple[AllowRule, ...]:
@@ -318,13 +335,58 @@ class allow_blocking(ContextVarScope[tuple[AllowRule, ...]]):  # noqa: N801 - re
                 "not @aiocop.allow_blocking"
             )
         super().__init__(scoped_rules)
+        # A scope is often made where it is entered (`with allow_blocking(...)`
+        # in a handler): its rule is built and checked once per content, not
+        # at every entry. The key is what was passed; `everything` only as a
+        # real bool (0 == False would otherwise skip its check).
+        key: object = (events, module, path, call_site, everything)
+        rule = None
+        if everything is False or everything is True:
+            try:
+                rule = _scope_rules.get(key)
+            except TypeError:  # an unhashable argument: the checks below say what is wrong with it
+                key = None
+        else:
+            key = None
+        # A cached rule still stands only while its events are detected ones.
+        if rule is None or not (not rule.events or _KNOWN.keys() >= rule.events):
+            rule = self._build(events, module, path, call_site, everything)
+            if key is not None:
+                if len(_scope_rules) >= _MAX_CACHED:
+                    _scope_rules.clear()
+                _scope_rules[key] = rule
+        self.rule = rule
+        self._key = key
+
+    @staticmethod
+    def _build(
+        events: tuple[str, ...], module: str | None, path: str | None, call_site: str | None, everything: bool
+    ) -> AllowRule:
         checked = _check_events(events)
         if everything is False and not (checked or module is not None or path is not None or call_site is not None):
             everything = True  # `with allow_blocking():` -- the scope itself is the explicit part
-        self.rule = AllowRule(checked, module, path, call_site, everything)
+        return AllowRule(checked, module, path, call_site, everything)
 
     def _value(self) -> tuple[AllowRule, ...]:
-        return (*scoped_rules.get(), self.rule)
+        # The enclosing scopes' rules and this one's, the same object each
+        # time for the same content: what is compiled for it is kept on it.
+        parent = scoped_rules.get()
+        key = self._key
+        if type(parent) is not ScopedRules or key is None:
+            return ScopedRules((*parent, self.rule))
+        child = parent.children.get(key)
+        if child is None:
+            if len(parent.children) >= _MAX_CHILDREN:
+                parent.children.clear()
+            child = parent.children[key] = ScopedRules((*parent, self.rule))
+        return child
 
     def __call__(self, func: F) -> F:
         return super().__call__(check_decorated("allow_blocking()", func))
+
+
+# The live table of detected events: one dict, mutated in place, never rebound.
+_KNOWN = live_weights()
+# allow_blocking's arguments -> its checked rule (see allow_blocking.__init__).
+_scope_rules: dict[object, AllowRule] = {}
+_MAX_CHILDREN = 256  # scopes of distinct content entered inside one scope before its cache starts over

@@ -26,6 +26,14 @@ _entered: ContextVar[tuple[tuple[Token[Any], object], ...]] = ContextVar("aiocop
 class ContextVarScope(Generic[T]):
     """Sets a context variable on enter and restores it on exit; re-entrant, and shareable between tasks."""
 
+    # Whether a subclass runs code on enter or exit: a scope without (an
+    # allow_blocking scope, often entered per request) skips two calls.
+    _hooks = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._hooks = cls._on_enter is not ContextVarScope._on_enter or cls._on_exit is not ContextVarScope._on_exit
+
     def __init__(self, var: ContextVar[T]) -> None:
         self._var = var
 
@@ -41,7 +49,7 @@ class ContextVarScope(Generic[T]):
 
     def __enter__(self) -> ContextVarScope[T]:
         token = self._var.set(self._value())
-        _entered.set((*_entered.get(), (token, self._on_enter())))
+        _entered.set((*_entered.get(), (token, self._on_enter() if self._hooks else None)))
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -63,7 +71,8 @@ class ContextVarScope(Generic[T]):
                 "(and the block) that entered it, innermost first"
             ) from None
         _entered.set(stack[:-1])
-        self._on_exit(entered)
+        if self._hooks:
+            self._on_exit(entered)
 
     def __call__(self, func: F) -> F:
         if inspect.isasyncgenfunction(func):

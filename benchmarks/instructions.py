@@ -1,6 +1,18 @@
 """Instructions per task, counted by valgrind: a cost figure that load on the machine cannot move.
 
     python benchmarks/instructions.py [--loop uvloop] [--scenarios stat deep stat2 pure] [--tasks 3000]
+    python benchmarks/instructions.py --table | --markdown | --docs | --json [--with-blockbuster]
+
+`--table` measures the cost table of issue 26 (each call kind on asyncio
+and uvloop, allowed and harmless calls, an `allow_blocking` scope entered
+per task, `AiocopInstrumentor` on, a task that never blocks; detection and
+the watchdog on) and checks it against `benchmarks/budgets.toml`: non-zero
+exit, naming each scenario over its budget with its figure. `--markdown`
+adds blockbuster's column and prints the table of docs/benchmarks.md;
+`--docs` writes it there; `--json` prints the figures (what
+tests/test_cost_guard.py, the CI cost guard, reads); `--from-json FILE`
+renders an earlier `--json` run's figures instead of measuring. CPython 3.12
+only: instruction counts differ between versions.
 
 Timings on a shared machine move with everything else that runs on it; the
 number of instructions the CPU executes for a task does not. Each figure
@@ -31,7 +43,8 @@ see that file). Only the `stat` scenario has a floor.
 under every detected call: a `frame.f_code` read and a `sys._getframe()`
 call (each raises an audit event; aiocop makes both for every detected
 call, on top of the call's own), without aiocop and with its hook
-installed.
+installed; and what a free `threading.Lock` taken with `with` on a loop's
+thread costs once aiocop wraps the lock type (aiocop's own locks included).
 
 Instructions are not time: a cache miss or a system call costs far more than
 an instruction. But they follow the Python-level work closely, and the
@@ -44,12 +57,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import traceback
+from typing import Any, NamedTuple
 
 MODES = ("baseline", "inert", "full")
 SCENARIOS = ("pure", "stat", "stat2", "deep", "allowed", "harmless")
@@ -61,7 +79,10 @@ async def _pure() -> None:
 
 
 async def _stat() -> None:
-    os.stat(".")
+    try:  # noqa: SIM105 - contextlib.suppress would add its own cost to each task measured
+        os.stat(".")
+    except CAUGHT:
+        pass
     await asyncio.sleep(0)
 
 
@@ -97,6 +118,54 @@ async def _deep2() -> None:
     await asyncio.sleep(0)
 
 
+async def _getcwd() -> None:
+    try:  # noqa: SIM105 - contextlib.suppress would add its own cost to each task measured
+        os.getcwd()
+    except CAUGHT:
+        pass
+    await asyncio.sleep(0)
+
+
+async def _file_read() -> None:
+    try:
+        with open(__file__, encoding="utf-8") as f:
+            f.read(100)
+    except CAUGHT:
+        pass
+    await asyncio.sleep(0)
+
+
+async def _handler() -> None:
+    # The suite's "realistic handler" (children/pertask_child.py) with its
+    # 1 ms sleeps made sleep(0): a timer's wake-ups would follow the clock,
+    # and valgrind's slowdown would move them. Two light blocking calls in
+    # one step: one event with two calls. Each call is caught on its own so
+    # that blockbuster, which raises at the first, still sees the second.
+    await asyncio.sleep(0)
+    try:  # noqa: SIM105 - contextlib.suppress would add its own cost to each task measured
+        os.path.exists(".")
+    except CAUGHT:
+        pass
+    try:  # noqa: SIM105 - contextlib.suppress would add its own cost to each task measured
+        os.getcwd()
+    except CAUGHT:
+        pass
+    await asyncio.sleep(0)
+
+
+async def _allow_scope() -> None:
+    # The scope entered per task, as a handler that allows one call would.
+    with SCOPE("os.stat"):
+        os.stat(".")
+    await asyncio.sleep(0)
+
+
+# What a blockbuster run catches (its BlockingError, raised at the call);
+# nothing elsewhere (`except ():` catches nothing and costs nothing).
+CAUGHT: type[BaseException] | tuple[type[BaseException], ...] = ()
+SCOPE: Any = None  # aiocop.allow_blocking, set by the table's child when aiocop is on
+
+
 BODIES = {
     "pure": _pure,
     "stat": _stat,
@@ -104,6 +173,10 @@ BODIES = {
     "deep": _deep,
     "allowed": _allowed,
     "harmless": _harmless,
+    "getcwd": _getcwd,
+    "file_read": _file_read,
+    "handler": _handler,
+    "allow_scope": _allow_scope,
 }
 # Scenarios whose calls are never reported: no event is delivered.
 SILENT = frozenset({"pure", "allowed", "harmless"})
@@ -155,6 +228,19 @@ def audit_child(mode: str, what: str, count: int) -> None:
         aiocop.start_blocking_io_detection()
     frame = sys._getframe()
     getframe = sys._getframe
+    if what == "lock":
+        # `with lock:` on a loop's thread, as aiocop's own code takes its
+        # locks while delivering: wrapped, it goes through aiocop's Python
+        # wrapper of `_thread.lock.__enter__` (issue 26).
+        lock = threading.Lock()
+
+        async def take() -> None:
+            for _ in range(count):
+                with lock:
+                    pass
+
+        asyncio.run(take())
+        return
     if what == "f_code":
         for _ in range(count):
             frame.f_code  # noqa: B018 - the read is the point
@@ -192,6 +278,292 @@ def per_task(mode: str, scenario: str, loop_name: str, tasks: int) -> float:
     return (_instructions(mode, scenario, loop_name, tasks) - _instructions(mode, scenario, loop_name, 0)) / tasks
 
 
+# --- The cost table: the scenarios of issue 26, their budgets and targets ---------------------------------------------
+#
+# Each figure is the loop thread's instructions per task with aiocop (or
+# blockbuster) on, minus the same in a process that never imported either.
+# One valgrind process per mode and loop runs every scenario of that loop:
+# callgrind dumps its counters at each marker (`os.getppid()`, which nothing
+# else here calls), and a scenario's figure is (its 2N-task region - its
+# N-task region) / N, so start-up, warm-up and each region's fixed cost
+# cancel. Only the loop thread counts (`--separate-threads`): the watchdog
+# polls from its own thread at a rate set by the clock, which valgrind's
+# slowdown moves (benchmarks/watchdog_busy_cost.py measures that thread).
+
+
+class Row(NamedTuple):
+    key: str  # the budgets file's name for it
+    label: str
+    scenario: str
+    loop: str
+    mode: str  # "aiocop" (detection + watchdog, as users run them) or "otel" (and AiocopInstrumentor)
+
+
+TABLE_MODES = ("baseline", "aiocop", "otel", "blockbuster")
+TABLE = (
+    Row("stat-uvloop", "`os.stat`", "stat", "uvloop", "aiocop"),
+    Row("stat-asyncio", "`os.stat`", "stat", "asyncio", "aiocop"),
+    Row("getcwd-uvloop", "`os.getcwd`", "getcwd", "uvloop", "aiocop"),
+    Row("getcwd-asyncio", "`os.getcwd`", "getcwd", "asyncio", "aiocop"),
+    Row("file_read-uvloop", "file read (`open` + `read`)", "file_read", "uvloop", "aiocop"),
+    Row("file_read-asyncio", "file read (`open` + `read`)", "file_read", "asyncio", "aiocop"),
+    Row("handler-uvloop", "handler (two light blocking calls)", "handler", "uvloop", "aiocop"),
+    Row("handler-asyncio", "handler (two light blocking calls)", "handler", "asyncio", "aiocop"),
+    Row("pure-uvloop", "a task that never blocks", "pure", "uvloop", "aiocop"),
+    Row("pure-asyncio", "a task that never blocks", "pure", "asyncio", "aiocop"),
+    Row("allowed-uvloop", "`os.stat` allowed by a global rule", "allowed", "uvloop", "aiocop"),
+    Row(
+        "allow_scope-uvloop",
+        '`os.stat` in `with aiocop.allow_blocking("os.stat")` entered per task',
+        "allow_scope",
+        "uvloop",
+        "aiocop",
+    ),
+    Row(
+        "harmless-uvloop",
+        "a known-harmless call (linecache's `os.stat` under `traceback`)",
+        "harmless",
+        "uvloop",
+        "aiocop",
+    ),
+    Row("otel-stat-uvloop", "`os.stat` with `AiocopInstrumentor` on", "stat", "uvloop", "otel"),
+)
+# Scenarios blockbuster can be compared on: a call it detects (and raises for).
+BLOCKBUSTER_SCENARIOS = ("stat", "getcwd", "file_read", "handler", "pure")
+# The watchdog's threshold in the table's runs: far above any step, even at
+# valgrind's speed (50-100 times slower), so that no stall is ever reported;
+# the loop thread's work per step does not depend on it.
+WATCHDOG_THRESHOLD_MS = 60_000
+TABLE_TASKS = 400
+TABLE_BATCH = 200
+BUDGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "budgets.toml")
+DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "benchmarks.md")
+DOCS_START = "<!-- instructions: written by `instructions.py --docs`, do not edit by hand -->"
+DOCS_END = "<!-- end of instructions -->"
+
+
+def table_child(mode: str, loop_name: str, tasks: int, scenarios: list[str]) -> None:
+    global CAUGHT, SCOPE
+    counted = [0]
+    aiocop: Any = None
+    if mode == "blockbuster":
+        from blockbuster import BlockBuster, BlockingError
+
+        CAUGHT = BlockingError
+        BlockBuster().activate()  # no scanned modules: every blocking call in a loop raises
+    elif mode in ("aiocop", "otel"):
+        import aiocop
+
+        aiocop.start_blocking_io_detection(trace_depth=5)
+        aiocop.register_slow_task_callback(lambda event: counted.__setitem__(0, counted[0] + 1))
+        aiocop.detect_slow_tasks(threshold_ms=WATCHDOG_THRESHOLD_MS)
+        # Each look of the watchdog takes the GIL from the loop's thread, and
+        # the hand-over costs that thread instructions at moments set by the
+        # clock, which valgrind's slowdown and the machine's load move (up to
+        # 4 % of a figure between runs at the default 2 ms). Here it looks once
+        # a second: the loop thread's own work for the watchdog stays in every
+        # figure, the polling's share is benchmarks/watchdog_busy_cost.py's.
+        from aiocop import _watchdog
+
+        _watchdog.sampling.busy_poll_ms = 1000.0
+        _watchdog.sampling.idle_interval_ms = 1000.0
+        _watchdog._FAST_IDLE_S = 1.0
+        SCOPE = aiocop.allow_blocking
+        if mode == "otel":
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+            from aiocop.opentelemetry import AiocopInstrumentor
+
+            AiocopInstrumentor().instrument(meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    elif mode != "baseline":
+        sys.exit(f"unknown mode {mode!r}")
+
+    async def run(body: Any, count: int) -> None:
+        for _ in range(0, count, TABLE_BATCH):
+            await asyncio.gather(*(body() for _ in range(TABLE_BATCH)))
+        await asyncio.sleep(0)  # the last batch's delivery
+
+    loop = asyncio.new_event_loop() if loop_name == "asyncio" else __import__(loop_name).new_event_loop()
+    for scenario in scenarios:
+        body = BODIES[scenario]
+        if aiocop is None and scenario in ("allowed", "allow_scope"):
+            body = _stat  # the same call, with no aiocop to allow it
+        rule = aiocop.add_allow_rule("os.stat", module=__name__) if aiocop and scenario == "allowed" else None
+        loop.run_until_complete(run(body, 2 * TABLE_BATCH))  # warm-up: caches, lazy imports, specialisation
+        counted[0] = 0
+        # A full collection traverses every object of the process: one that
+        # falls in one region and not the other would add a lump of millions
+        # of instructions. Frozen, the start-up's objects are never traversed
+        # again; what the tasks allocate is still collected as usual.
+        gc.collect()
+        gc.freeze()
+        os.getppid()  # marker: callgrind dumps here
+        loop.run_until_complete(run(body, tasks))
+        os.getppid()
+        loop.run_until_complete(run(body, 2 * tasks))
+        os.getppid()
+        if rule is not None:
+            aiocop.remove_allow_rule(rule)
+        expected = 3 * tasks if aiocop is not None and scenario not in SILENT | {"allow_scope"} else 0
+        if counted[0] != expected:
+            sys.exit(f"{mode}/{scenario} on {loop_name}: {counted[0]} events delivered, expected {expected}")
+    loop.close()
+
+
+def _regions(mode: str, loop_name: str, scenarios: list[str], tasks: int) -> dict[str, float]:
+    """Instructions per task of each scenario, loop thread only, in one valgrind process."""
+    with tempfile.TemporaryDirectory() as out:
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            "--dump-before=getppid",
+            "--separate-threads=yes",
+            f"--callgrind-out-file={out}/cg",
+            sys.executable,
+            __file__,
+            "--table-child",
+            mode,
+            loop_name,
+            str(tasks),
+            *scenarios,
+        ]
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, cwd=out)
+        if done.returncode != 0:
+            sys.exit(f"valgrind run failed ({' '.join(command)}):\n{done.stderr[-3000:]}")
+        parts: dict[int, int] = {}
+        for name in os.listdir(out):
+            match = re.fullmatch(r"cg\.(\d+)-01", name)  # dump number, thread 1 (the loop's, the main thread)
+            if match is None:
+                continue
+            with open(os.path.join(out, name), encoding="utf-8") as f:
+                totals = re.search(r"^totals:\s+(\d+)", f.read(), re.MULTILINE)
+            if totals is None:
+                sys.exit(f"no totals in callgrind's {name}")
+            parts[int(match.group(1))] = int(totals.group(1))
+    if len(parts) != 3 * len(scenarios):
+        sys.exit(f"{len(parts)} callgrind dumps for {len(scenarios)} scenarios, expected {3 * len(scenarios)}")
+    return {s: (parts[3 * i + 3] - parts[3 * i + 2]) / tasks for i, s in enumerate(scenarios)}
+
+
+def table(loops: tuple[str, ...], blockbuster: bool, tasks: int = TABLE_TASKS) -> dict[str, dict[str, float]]:
+    """Per row key: `aiocop` (extra instructions per task) and, where compared, `blockbuster`."""
+    rows = [row for row in TABLE if row.loop in loops]
+    figures: dict[str, dict[str, float]] = {row.key: {} for row in rows}
+    for loop_name in loops:
+        mine = [row for row in rows if row.loop == loop_name]
+        scenarios = sorted({row.scenario for row in mine}, key=list(BODIES).index)
+        base = _regions("baseline", loop_name, scenarios, tasks)
+        for mode in ("aiocop", "otel"):
+            wanted = sorted({row.scenario for row in mine if row.mode == mode}, key=list(BODIES).index)
+            if not wanted:
+                continue
+            counts = _regions(mode, loop_name, wanted, tasks)
+            for row in mine:
+                if row.mode == mode:
+                    figures[row.key]["aiocop"] = counts[row.scenario] - base[row.scenario]
+        if blockbuster:
+            wanted = [s for s in scenarios if s in BLOCKBUSTER_SCENARIOS]
+            counts = _regions("blockbuster", loop_name, wanted, tasks)
+            for row in mine:
+                if row.mode == "aiocop" and row.scenario in counts:
+                    figures[row.key]["blockbuster"] = counts[row.scenario] - base[row.scenario]
+    return figures
+
+
+def load_budgets(path: str = BUDGETS) -> dict[str, dict[str, float]]:
+    """The budgets file: row key -> {"budget", "target", ...}, checked."""
+    import tomllib
+
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    rows = data.get("scenario")
+    if not isinstance(rows, dict):
+        sys.exit(f"{path}: no [scenario.<name>] tables")
+    known = {row.key for row in TABLE}
+    for key, row in rows.items():
+        if key not in known:
+            sys.exit(f"{path}: unknown scenario {key!r}; known: {', '.join(sorted(known))}")
+        for field in ("budget", "target"):
+            if not isinstance(row.get(field), int | float) or row[field] < 0:
+                sys.exit(f"{path}: scenario {key!r} needs a non-negative number {field} =, got {row.get(field)!r}")
+        if not isinstance(row.get("measured"), int | float):
+            sys.exit(f"{path}: scenario {key!r} needs measured = (the figure its budget was set from)")
+    missing = known - set(rows)
+    if missing:
+        sys.exit(f"{path}: no budget for {', '.join(sorted(missing))}")
+    return rows
+
+
+def _k(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return "0.0 k" if abs(value) < 50 else f"{value / 1000:+.1f} k"
+
+
+def markdown(figures: dict[str, dict[str, float]], budgets: dict[str, dict[str, float]]) -> str:
+    lines = [
+        "| scenario | loop | aiocop now | budget (CI fails above) | target | blockbuster 1.5 |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for row in TABLE:
+        if row.key not in figures:
+            continue
+        got, budget = figures[row.key], budgets[row.key]
+        now = got.get("aiocop")
+        mark = f"**{_k(now)}**" if now is not None and now > budget["target"] else _k(now)
+        target = "—" if not budget["target"] else f"≤ {budget['target'] / 1000:.1f} k"
+        lines.append(
+            f"| {row.label} | {row.loop} | {mark} | {budget['budget'] / 1000:.1f} k | {target} "
+            f"| {_k(got.get('blockbuster'))} |"
+        )
+    return "\n".join(lines)
+
+
+def write_docs(text: str, path: str = DOCS) -> None:
+    with open(path, encoding="utf-8") as f:
+        page = f.read()
+    if DOCS_START not in page or DOCS_END not in page:
+        sys.exit(f"{path}: the markers {DOCS_START!r} and {DOCS_END!r} are missing")
+    before, _, rest = page.partition(DOCS_START)
+    after = rest.partition(DOCS_END)[2]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{before}{DOCS_START}\n\n{text}\n\n{DOCS_END}{after}")
+
+
+def run_table(args: argparse.Namespace) -> None:
+    if sys.implementation.name != "cpython" or sys.version_info[:2] != (3, 12):
+        sys.exit("the budgets are CPython 3.12's instruction counts: run the table on CPython 3.12")
+    budgets = load_budgets()
+    loops = tuple(args.table_loops)
+    if args.from_json:
+        with open(args.from_json, encoding="utf-8") as f:
+            figures = json.load(f)  # a --json run's, with blockbuster's column if it was measured
+    else:
+        figures = table(loops, blockbuster=args.markdown or args.docs or args.with_blockbuster, tasks=args.tasks_table)
+    if args.json:
+        print(json.dumps(figures, indent=1, sort_keys=True))
+        return
+    text = markdown(figures, budgets)
+    print(text)
+    if args.docs:
+        write_docs(text)
+    over = over_budget(figures, budgets)
+    if over:
+        sys.exit("over budget:\n" + "\n".join(over))
+
+
+def over_budget(figures: dict[str, dict[str, float]], budgets: dict[str, dict[str, float]]) -> list[str]:
+    """Each scenario whose figure is over its budget, with the figure: what the cost guard fails on."""
+    return [
+        f"{key}: {fig['aiocop']:+.0f} instructions per task, over its budget of {budgets[key]['budget']:.0f}"
+        f" (target {budgets[key]['target']:.0f})"
+        for key, fig in figures.items()
+        if fig["aiocop"] > budgets[key]["budget"]
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--loop", default="uvloop")
@@ -199,6 +571,15 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--floor", action="store_true", help="add the floor_detector.py column (stat only)")
     parser.add_argument("--audit-cost", action="store_true", help="the cost of one audit event instead")
+    parser.add_argument("--table", action="store_true", help="the cost table of issue 26 against budgets.toml")
+    parser.add_argument("--markdown", action="store_true", help="the table in Markdown, with blockbuster's column")
+    parser.add_argument("--docs", action="store_true", help="--markdown, and write it into docs/benchmarks.md")
+    parser.add_argument("--json", action="store_true", help="the table's figures as JSON (for the cost guard)")
+    parser.add_argument("--from-json", metavar="FILE", help="render the figures of an earlier --json run instead")
+    parser.add_argument("--with-blockbuster", action="store_true", help="--json: measure blockbuster's column too")
+    parser.add_argument("--table-loops", nargs="+", choices=("uvloop", "asyncio"), default=["uvloop", "asyncio"])
+    parser.add_argument("--tasks-table", type=int, default=TABLE_TASKS, help=argparse.SUPPRESS)
+    parser.add_argument("--table-child", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--child", nargs=4, metavar=("MODE", "SCENARIO", "LOOP", "TASKS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -208,15 +589,25 @@ def main() -> None:
         else:
             child(mode, scenario, loop_name, int(tasks))
         return
+    if args.table_child:
+        mode, loop_name, tasks, *scenarios = args.table_child
+        table_child(mode, loop_name, int(tasks), scenarios)
+        return
+    if (args.table or args.markdown or args.docs or args.json) and args.from_json:
+        run_table(args)
+        return
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (apt-get install valgrind)")
+    if args.table or args.markdown or args.docs or args.json:
+        run_table(args)
+        return
     if args.tasks < BATCH or args.tasks % BATCH:
         sys.exit(f"--tasks must be a positive multiple of {BATCH}")
     if args.audit_cost:
         print(f"instructions per audited operation, Python {sys.version.split()[0]} (valgrind)")
-        for what in ("f_code", "getframe"):
+        for what in ("f_code", "getframe", "lock"):
             base, hooked = (per_task(mode, what, "-", 100_000) for mode in ("baseline", "inert"))
-            label = "frame.f_code" if what == "f_code" else "sys._getframe()"
+            label = {"f_code": "frame.f_code", "getframe": "sys._getframe()", "lock": "with lock: (loop)"}[what]
             extra = hooked - base
             print(f"{label:16} without aiocop {base:6.0f}, with its hook installed {hooked:6.0f} ({extra:+.0f})")
         return

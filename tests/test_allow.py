@@ -300,3 +300,61 @@ def test_a_scope_with_no_argument_still_allows_everything_in_it(detector: Collec
 
     run_on(loop_name, main())
     assert detector.names() == ["os.stat"]
+
+
+def test_a_scope_entered_again_reuses_its_rule_and_its_compiled_matcher(detector: Collector, loop_name: str) -> None:
+    # `with allow_blocking(...)` in a handler makes a new scope per request:
+    # its rule is checked once per content, and the rules of the scope (with
+    # the enclosing ones) are one object whose compiled matcher is kept.
+    from aiocop import _allow
+
+    assert aiocop.allow_blocking("os.stat").rule is aiocop.allow_blocking("os.stat").rule
+    seen: list[tuple[object, object]] = []
+
+    async def handler() -> None:
+        with aiocop.allow_blocking(module="tests.blocking_calls"), aiocop.allow_blocking("os.stat"):
+            os.stat(".")
+            scoped = _allow.scoped_rules.get()
+            seen.append((scoped, _allow.matcher("os.stat", scoped)))
+        os.listdir(".")
+
+    async def main() -> None:
+        await asyncio.gather(handler(), handler(), handler())
+
+    run_on(loop_name, main())
+    assert detector.names() == ["os.listdir"] * 3
+    assert len({id(scoped) for scoped, _ in seen}) == 1
+    assert len({id(compiled) for _, compiled in seen}) == 1
+    assert seen[0][0] == (aiocop.AllowRule(module="tests.blocking_calls"), aiocop.AllowRule(frozenset({"os.stat"})))
+
+
+def test_a_kept_scope_sees_global_rules_added_after_it_was_compiled(detector: Collector, loop_name: str) -> None:
+    scope = aiocop.allow_blocking("open")
+
+    async def main() -> None:
+        with scope:
+            os.listdir(".")
+        aiocop.add_allow_rule("os.listdir")
+        with scope:
+            os.listdir(".")
+            os.stat(".")
+
+    run_on(loop_name, main())
+    assert detector.names() == ["os.listdir", "os.stat"]
+
+
+def test_a_kept_scope_rule_is_checked_again_once_its_event_is_unregistered() -> None:
+    aiocop.register_blocking_event("tests.cost.event")
+    try:
+        assert aiocop.allow_blocking("tests.cost.event").rule.events == {"tests.cost.event"}
+    finally:
+        aiocop.unregister_blocking_event("tests.cost.event")
+    with pytest.raises(ValueError, match=r"unknown event 'tests\.cost\.event'"):
+        aiocop.allow_blocking("tests.cost.event")
+
+
+@pytest.mark.parametrize("everything", [0, 1, None])
+def test_a_kept_scope_never_stands_for_a_falsy_or_truthy_non_bool(everything: object) -> None:
+    aiocop.allow_blocking("os.stat", everything=False)  # kept under a key 0 would equal
+    with pytest.raises((TypeError, ValueError)):
+        aiocop.allow_blocking("os.stat", everything=everything)  # type: ignore[arg-type]
