@@ -16,11 +16,11 @@ import os
 import platform
 import time
 from dataclasses import dataclass
-from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import aiocop
 from aiocop import _forksafe
+from aiocop._clock import perf_counter
 from aiocop._delivery import step_view
 from aiocop._report import STALL, app_site, call_site, source_line
 
