@@ -23,7 +23,34 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Iterator
 
 pytest_plugins = ("pytester",)
-LOOP_NAMES = ("asyncio", "uvloop", "winloop", "rloop", "veloxloop")
+ALL_LOOP_NAMES = ("asyncio", "uvloop", "winloop", "rloop", "veloxloop")
+
+
+def _loops_asked() -> tuple[str, ...]:
+    # AIOCOP_TEST_LOOPS=asyncio,uvloop runs the loop-parametrised tests on those
+    # loops only (CI runs every loop on two Pythons and a subset on the others,
+    # to stay within its time; the header of each run says which).
+    text = os.environ.get("AIOCOP_TEST_LOOPS", "").strip()
+    if not text:
+        return ALL_LOOP_NAMES
+    names = tuple(name.strip() for name in text.split(","))
+    unknown = [name for name in names if name not in ALL_LOOP_NAMES]
+    if unknown or not names:
+        raise pytest.UsageError(
+            f"AIOCOP_TEST_LOOPS={text!r}: unknown loop(s) {unknown}; expected a comma-separated subset of "
+            f"{', '.join(ALL_LOOP_NAMES)}"
+        )
+    return names
+
+
+LOOP_NAMES = _loops_asked()
+
+
+def pytest_report_header() -> str:
+    left_out = [name for name in ALL_LOOP_NAMES if name not in LOOP_NAMES]
+    if not left_out:
+        return f"aiocop test loops: {', '.join(LOOP_NAMES)}"
+    return f"aiocop test loops: {', '.join(LOOP_NAMES)} (AIOCOP_TEST_LOOPS; not run here: {', '.join(left_out)})"
 
 
 def _fix_rloop_double_close() -> None:
