@@ -1,6 +1,6 @@
 """rloop 0.5 closes its self-pipe twice; with loops in two threads, that breaks the other loop.
 
-Run it: `python examples/rloop_self_pipe.py [ROUNDS]` (no aiocop involved).
+Run it: `python examples/rloop_self_pipe.py [ROUNDS]` (no aiocop involved; Python 3.11+).
 Each round, two threads each run `asyncio.Runner(loop_factory=...)` with one
 task that meets the other thread at a barrier and then blocks for 20 ms. It
 prints how many of the runs failed, with `rloop.new_event_loop` and with the
@@ -82,6 +82,8 @@ class SelfPipeFixedRLoop(rloop.RLoop):
 
 
 def main() -> None:
+    if sys.version_info < (3, 11):
+        sys.exit("examples/rloop_self_pipe.py needs Python 3.11 or newer (asyncio.Runner, the issue's case)")
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 200
     for name, factory in (("rloop.new_event_loop", rloop.new_event_loop), ("SelfPipeFixedRLoop", SelfPipeFixedRLoop)):
         errors = failures(factory, rounds)

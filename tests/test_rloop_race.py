@@ -80,6 +80,11 @@ def test_rloop_closes_a_descriptor_opened_while_it_stops_and_the_workaround_does
 
 @needs_rloop
 def test_the_docs_example_runs_the_workaround_without_a_failure() -> None:
+    if sys.version_info < (3, 11):
+        result = run_python("import runpy; runpy.run_path('examples/rloop_self_pipe.py', run_name='__main__')")
+        assert result.returncode == 1
+        assert "needs Python 3.11 or newer" in result.stderr
+        return
     result = run_python(
         "import runpy, sys; sys.argv = ['x', '40']; runpy.run_path('examples/rloop_self_pipe.py', run_name='__main__')"
     )
