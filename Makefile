@@ -8,6 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 DOCS_STAMP := $(VENV)/.docs-installed
+DEMO_STAMP := $(VENV)/.demo-installed
 
 .PHONY: demo test test-1x lint typecheck check clean bench docs
 
@@ -19,7 +20,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The demo needs aiocop and uvloop only: the test tools come with `make test`.
+$(DEMO_STAMP): pyproject.toml
+	@echo "=== creating $(VENV) for Python $(PYVER) and installing aiocop with uvloop for the demo"
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -e '.[uvloop]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/python -m aiocop run --uvloop examples/demo_app.py
 
 test: $(STAMP)
