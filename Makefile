@@ -31,8 +31,13 @@ $(DEMO_STAMP): pyproject.toml
 demo: $(DEMO_STAMP)
 	$(BIN)/python -m aiocop run --uvloop examples/demo_app.py
 
+# Two pytest-xdist workers, a test file each at a time (module fixtures run once);
+# TEST_WORKERS=0 runs them in this process. The test programs the tests start
+# may keep their byte code (PYTHONDONTWRITEBYTECODE off) instead of compiling
+# aiocop and pytest's rewritten plugins anew in each of hundreds of processes.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -p no:cacheprovider
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 # aiocop 1.2.1's own test suite, unchanged, against this checkout (downloaded from PyPI).
 test-1x: $(STAMP)

@@ -200,7 +200,9 @@ def test_the_probe_measures_a_healthy_loop_and_leaves_it_when_it_stops(
                 # A probe every 20 ms: at most one per interval (two probes would double it),
                 # and a few at least even on a busy machine.
                 assert 3 <= ticks <= ran / interval_s + 1
-                assert delay.max < THRESHOLD_MS / 1000  # a healthy loop's delays, below any stall
+                # A healthy loop's delays stay far below the 0.5 s it ran (a busy machine may
+                # hold a process off the CPU for tens of ms: no tighter bound holds everywhere).
+                assert delay.max < 0.4
         finally:
             loop.close()
 
