@@ -3,7 +3,8 @@
 aiocop's private code is a few parts, each one concern, stacked in layers:
 a part imports only parts of lower layers (never one beside it, never one
 above), and no modules import each other in a circle. The parts and their
-order are the data below.
+order are the data below; docs/concepts/architecture.md explains them and
+shows the imports measured here.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 import ast
 import functools
 import re
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "aiocop"
+ARCHITECTURE_PAGE = ROOT / "docs" / "concepts" / "architecture.md"
 
 # Bottom layer first. A part is a private subpackage of aiocop (`aiocop._common`) or a private module kept at
 # the top (`aiocop._api`); parts in one layer are siblings and may not import each other. Every public module
@@ -183,6 +186,19 @@ def _layer_of() -> dict[str, int]:
     return layer_of
 
 
+def _edges() -> dict[str, set[str]]:
+    """Part -> the parts its modules import (any import: at the top, in a function, or for types)."""
+    found, _ = _imports()
+    part_of = _part_of()
+    edges: dict[str, set[str]] = defaultdict(set)
+    for module, imports in found.items():
+        for target, _, _ in imports:
+            target_part = part_of["aiocop._version"] if target == "aiocop" else part_of[target]
+            if target_part != part_of[module]:
+                edges[part_of[module]].add(target_part)
+    return edges
+
+
 def test_every_module_is_in_exactly_one_part() -> None:
     listed = [module for layer in LAYERS for modules in layer.values() for module in modules]
     assert len(listed) == len(set(listed)), sorted(m for m in listed if listed.count(m) > 1)
@@ -279,3 +295,24 @@ def test_each_private_subpackage_is_one_part_and_says_what_it_may_import() -> No
         named = set() if said.group(1) == "nothing of aiocop" else set(re.split(r",\s*", said.group(1).strip()))
         below = {part for part, index in layer_of.items() if index < layer_of[package] and part != "aiocop._version"}
         assert named == below, f"{package} says it may import {sorted(named)}; the layers below are {sorted(below)}"
+
+
+def render_parts() -> str:
+    """The architecture page's table of parts, from LAYERS and the imports measured in the code."""
+    edges = _edges()
+    rows = ["| layer | part | imports (measured from the code) |", "| --- | --- | --- |"]
+    layer_of = _layer_of()
+    ordered = sorted(layer_of, key=lambda part: (-layer_of[part], part))
+    for part in ordered:
+        targets = sorted(edges.get(part, set()), key=lambda target: (-layer_of[target], target))
+        shown = ", ".join(f"`{t}`" for t in targets) or "nothing of aiocop"
+        rows.append(f"| {layer_of[part]} | `{part}` | {shown} |")
+    return "\n".join(rows) + "\n"
+
+
+def test_the_architecture_page_shows_the_imports_of_the_code() -> None:
+    page = ARCHITECTURE_PAGE.read_text(encoding="utf-8")
+    start, end = "<!-- parts: begin (tests/test_layers.py) -->\n", "<!-- parts: end -->"
+    assert start in page and end in page, f"{ARCHITECTURE_PAGE} has lost its table markers"
+    shown = page.split(start, 1)[1].split(end, 1)[0]
+    assert shown == render_parts(), "the table differs from the code; the table as measured now:\n" + render_parts()
