@@ -26,8 +26,8 @@ import aiocop
 import aiocop.asgi
 import aiocop.opentelemetry
 import aiocop.structlog
-from aiocop import _docs_options
 from tests.asgi_servers import free_port
+from tests.docs_hooks import renderer
 from tests.pytester_args import QUIET
 
 if TYPE_CHECKING:
@@ -146,13 +146,14 @@ def test_every_option_is_on_the_options_page() -> None:
     # parameter is no option: it is the function a decorator used without
     # parentheses is given (`@aiocop.raise_on_violations`).
     page = (DOCS / "reference" / "options.md").read_text(encoding="utf-8")
-    listed = {name for name, _, _ in (*_docs_options.API, _docs_options.ASGI)}
+    options_page = renderer("options_page")
+    listed = {name for name, _, _ in (*options_page.API, options_page.ASGI)}
     candidates: list[tuple[str, Callable[..., Any]]] = [
         (f"{module.__name__}.{name}", getattr(module, name))
         for module in (aiocop, aiocop.asgi, aiocop.structlog)
         for name in module.__all__
         if (inspect.isfunction(getattr(module, name)) or inspect.isclass(getattr(module, name)))
-        and name not in _docs_options.DATA_TYPES
+        and name not in options_page.DATA_TYPES
     ]
     for name, obj in candidates:
         parameters = [p for p in inspect.signature(obj).parameters.values() if p.kind is not p.POSITIONAL_ONLY]

@@ -1,0 +1,318 @@
+"""The package's layering, read from the source (the `ast` of every module), so that it stays as designed.
+
+aiocop's private code is a few parts, each one concern, stacked in layers:
+a part imports only parts of lower layers (never one beside it, never one
+above), and no modules import each other in a circle. The parts and their
+order are the data below; docs/concepts/architecture.md explains them and
+shows the imports measured here.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "aiocop"
+ARCHITECTURE_PAGE = ROOT / "docs" / "concepts" / "architecture.md"
+
+# Bottom layer first. A part is a private subpackage of aiocop (`aiocop._common`) or a private module kept at
+# the top (`aiocop._api`); parts in one layer are siblings and may not import each other. Every public module
+# (no `_` in its path below aiocop, and `aiocop.__main__`) is in the top part, "public".
+LAYERS: list[dict[str, list[str]]] = [
+    {"aiocop._version": ["aiocop._version"]},
+    {"aiocop._common": ["aiocop._clock", "aiocop._forksafe", "aiocop._validate", "aiocop._inputs"]},
+    {
+        "aiocop._model": [
+            "aiocop._severity",
+            "aiocop._events",
+            "aiocop._exceptions",
+            "aiocop._state",
+            "aiocop._callbacks",
+        ]
+    },
+    {
+        "aiocop._interception": [
+            "aiocop._hook",
+            "aiocop._wrappers",
+            "aiocop._standin",
+            "aiocop._typepatch",
+            "aiocop._reload",
+            "aiocop._rules",
+            "aiocop._internals",
+            "aiocop._harmless",
+            "aiocop._allow",
+            "aiocop._scope",
+            "aiocop._frames",
+        ]
+    },
+    {"aiocop._stalls": ["aiocop._watchdog", "aiocop._loops", "aiocop._probe", "aiocop._culprit"]},
+    {
+        "aiocop._reporting": [
+            "aiocop._delivery",
+            "aiocop._hangs",
+            "aiocop._report",
+            "aiocop._logging",
+            "aiocop._sites",
+            "aiocop._timeline",
+            "aiocop._exports",
+            "aiocop._html",
+            "aiocop._report_files",
+        ]
+    },
+    {"aiocop._configuration": ["aiocop._config", "aiocop._baseline"]},
+    {"aiocop._api": ["aiocop._api"]},
+    {
+        "aiocop._commands": [
+            "aiocop._cli",
+            "aiocop._attach",
+            "aiocop._attach_agent",
+            "aiocop._attach_files",
+            "aiocop._attach_report",
+        ],
+        "aiocop._pytest_support": ["aiocop._pytest_events", "aiocop._pytest_settings"],
+    },
+]
+PUBLIC = "public"
+
+# Imports made inside a function, at run time, against the layering, each with the reason it is there.
+# The test fails if one disappears (strike it here) or a new one appears.
+KNOWN_LAZY_BACK_EDGES: dict[tuple[str, str], str] = {
+    # The wrappers call the audit hook directly (no sys.audit frame); the hook module imports the wrappers'
+    # module for their globals. The wrappers take the hook when the patches are applied, not at import.
+    ("aiocop._wrappers", "aiocop._hook"): "patch_audit_functions() fetches audit_hook when it patches",
+}
+
+# `import aiocop` loads only `aiocop._version` (every other name of the package loads lazily, on first use):
+# a private module may import the package for these attributes, and that counts as importing `aiocop._version`.
+ROOT_ATTRIBUTES = {"__version__", "__file__"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts}
+
+
+class _Imports(ast.NodeVisitor):
+    """Every import of an aiocop module: (target, inside a function, only while type checking)."""
+
+    def __init__(self, module: str, is_package: bool, known: set[str]) -> None:
+        self.package = module if is_package else module.rpartition(".")[0]
+        self.known = known
+        self.found: list[tuple[str, bool, bool]] = []
+        self.root_attributes: set[str] = set()
+        self._function = 0
+        self._type_checking = 0
+
+    def visit_If(self, node: ast.If) -> None:
+        checking = "TYPE_CHECKING" in ast.unparse(node.test)
+        self._type_checking += checking
+        for child in node.body:
+            self.visit(child)
+        self._type_checking -= checking
+        for child in node.orelse:
+            self.visit(child)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self._function += 1
+        self.generic_visit(node)
+        self._function -= 1
+
+    visit_AsyncFunctionDef = visit_FunctionDef  # noqa: N815 - the name ast.NodeVisitor dispatches to
+
+    def _add(self, target: str) -> None:
+        if target == "aiocop" or target.startswith("aiocop."):
+            while target not in self.known:  # `from aiocop._x import name`: the module, not the name
+                target = target.rpartition(".")[0]
+                assert target, "an import of no module of aiocop"
+            self.found.append((target, self._function > 0, self._type_checking > 0))
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._add(alias.name)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            base = self.package.split(".")[: len(self.package.split(".")) - (node.level - 1)]
+            module = ".".join([*base, *([node.module] if node.module else [])])
+        else:
+            module = node.module or ""
+        for alias in node.names:
+            self._add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in self.known else module)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if isinstance(node.value, ast.Name) and node.value.id == "aiocop":
+            self.root_attributes.add(node.attr)
+        self.generic_visit(node)
+
+
+@functools.cache
+def _imports() -> tuple[dict[str, list[tuple[str, bool, bool]]], dict[str, set[str]]]:
+    modules = _modules()
+    found, attributes = {}, {}
+    for name, path in modules.items():
+        visitor = _Imports(name, path.name == "__init__.py", set(modules))
+        visitor.visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+        found[name] = visitor.found
+        attributes[name] = visitor.root_attributes
+    return found, attributes
+
+
+def _is_public(module: str) -> bool:
+    return module == "aiocop.__main__" or not any(part.startswith("_") for part in module.split(".")[1:])
+
+
+def _part_of() -> dict[str, str]:
+    part_of = {module: part for layer in LAYERS for part, modules in layer.items() for module in modules}
+    part_of.update({part: part for layer in LAYERS for part in layer})  # a subpackage's __init__: its part
+    for module in _modules():
+        if _is_public(module):
+            part_of[module] = PUBLIC
+    return part_of
+
+
+def _layer_of() -> dict[str, int]:
+    layer_of = {part: index for index, layer in enumerate(LAYERS) for part in layer}
+    layer_of[PUBLIC] = len(LAYERS)
+    return layer_of
+
+
+def _edges() -> dict[str, set[str]]:
+    """Part -> the parts its modules import (any import: at the top, in a function, or for types)."""
+    found, _ = _imports()
+    part_of = _part_of()
+    edges: dict[str, set[str]] = defaultdict(set)
+    for module, imports in found.items():
+        for target, _, _ in imports:
+            target_part = part_of["aiocop._version"] if target == "aiocop" else part_of[target]
+            if target_part != part_of[module]:
+                edges[part_of[module]].add(target_part)
+    return edges
+
+
+def test_every_module_is_in_exactly_one_part() -> None:
+    listed = [module for layer in LAYERS for modules in layer.values() for module in modules]
+    assert len(listed) == len(set(listed)), sorted(m for m in listed if listed.count(m) > 1)
+    private = {module for module in _modules() if not _is_public(module)}
+    parts = {part for layer in LAYERS for part in layer}
+    # A subpackage's __init__ belongs to its part.
+    private_unlisted = {m for m in private - set(listed) if m not in parts}
+    assert not private_unlisted, (
+        f"private modules in no part of LAYERS (give each its part): {sorted(private_unlisted)}"
+    )
+    assert not set(listed) - private, f"LAYERS lists modules that do not exist: {sorted(set(listed) - private)}"
+
+
+def test_imports_run_only_downwards() -> None:
+    found, attributes = _imports()
+    part_of, layer_of = _part_of(), _layer_of()
+    wrong = []
+    for module, imports in found.items():
+        here = part_of[module]
+        for imported, lazy, _ in imports:
+            target = imported
+            if imported == "aiocop":
+                if here != PUBLIC and layer_of[here] < layer_of["aiocop._api"]:
+                    extra = attributes[module] - ROOT_ATTRIBUTES
+                    if extra:
+                        wrong.append(f"{module} imports the package for {sorted(extra)} (lazy names load _api)")
+                target = "aiocop._version"
+            there = part_of[target]
+            if there == here:
+                continue
+            if (module, target) in KNOWN_LAZY_BACK_EDGES and lazy:
+                continue
+            if layer_of[there] >= layer_of[here]:
+                how = "beside it" if layer_of[there] == layer_of[here] else "above it"
+                wrong.append(f"{module} ({here}) imports {target} ({there}, {how})")
+    assert not wrong, "imports against the layering:\n  " + "\n  ".join(wrong)
+
+
+def test_no_circle_of_imports() -> None:
+    # Imports that run (at the top or in a function; not those for type checkers only), less the known lazy ones.
+    found, _ = _imports()
+    graph = {
+        module: sorted(
+            {"aiocop._version" if t == "aiocop" else t for t, _, typing in imports if not typing}
+            - {module}
+            - {target for (source, target) in KNOWN_LAZY_BACK_EDGES if source == module}
+        )
+        for module, imports in found.items()
+    }
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        stack.append(module)
+        for target in graph.get(module, []):
+            if state.get(target) == 1:
+                return [*stack[stack.index(target) :], target]
+            if target not in state:
+                circle = visit(target)
+                if circle:
+                    return circle
+        stack.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state:
+            circle = visit(module)
+            assert circle is None, "import circle: " + " -> ".join(circle)
+
+
+def test_the_known_lazy_back_edges_are_still_there_and_lazy() -> None:
+    found, _ = _imports()
+    for (source, target), why in KNOWN_LAZY_BACK_EDGES.items():
+        kinds = [lazy for t, lazy, _ in found.get(source, []) if t == target]
+        assert kinds, f"{source} no longer imports {target}: strike it from KNOWN_LAZY_BACK_EDGES ({why})"
+        assert all(kinds), f"{source} imports {target} at its top: that is a circle, not a lazy import"
+
+
+def test_each_private_subpackage_is_one_part_and_says_what_it_may_import() -> None:
+    # Each private subpackage of aiocop/ is a part of LAYERS holding exactly that part's modules, and its
+    # docstring ends with "May import: ..." naming exactly the parts below it (the version aside).
+    layer_of = _layer_of()
+    for init in sorted(PACKAGE.glob("_*/__init__.py")):
+        package = _module_name(init)
+        assert package in layer_of, f"{package} is a private subpackage but no part of LAYERS"
+        layer = next(layer for layer in LAYERS if package in layer)
+        inside = {m for m in _modules() if m.startswith(package + ".")}
+        assert inside == set(layer[package]), f"{package} holds {sorted(inside)}, LAYERS says {layer[package]}"
+        docstring = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        said = re.search(r"May import: (.*?)\.?\s*\Z", docstring, re.DOTALL)
+        assert said, f"{package}'s docstring does not end with 'May import: ...'"
+        named = set() if said.group(1) == "nothing of aiocop" else set(re.split(r",\s*", said.group(1).strip()))
+        below = {part for part, index in layer_of.items() if index < layer_of[package] and part != "aiocop._version"}
+        assert named == below, f"{package} says it may import {sorted(named)}; the layers below are {sorted(below)}"
+
+
+def render_parts() -> str:
+    """The architecture page's table of parts, from LAYERS and the imports measured in the code."""
+    edges = _edges()
+    rows = ["| layer | part | imports (measured from the code) |", "| --- | --- | --- |"]
+    layer_of = _layer_of()
+    ordered = sorted(layer_of, key=lambda part: (-layer_of[part], part))
+    for part in ordered:
+        targets = sorted(edges.get(part, set()), key=lambda target: (-layer_of[target], target))
+        shown = ", ".join(f"`{t}`" for t in targets) or "nothing of aiocop"
+        rows.append(f"| {layer_of[part]} | `{part}` | {shown} |")
+    return "\n".join(rows) + "\n"
+
+
+def test_the_architecture_page_shows_the_imports_of_the_code() -> None:
+    page = ARCHITECTURE_PAGE.read_text(encoding="utf-8")
+    start, end = "<!-- parts: begin (tests/test_layers.py) -->\n", "<!-- parts: end -->"
+    assert start in page and end in page, f"{ARCHITECTURE_PAGE} has lost its table markers"
+    shown = page.split(start, 1)[1].split(end, 1)[0]
+    assert shown == render_parts(), "the table differs from the code; the table as measured now:\n" + render_parts()
