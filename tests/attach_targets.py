@@ -41,6 +41,26 @@ async def serve(seconds: float | None) -> None:
         await asyncio.sleep(0.05)
 
 
+async def hung_in_python() -> None:
+    """A request handler stuck in an endless pure-Python loop: the loop's thread reaches safe points."""
+    print("ready", flush=True)
+    await asyncio.sleep(0)
+    n = 0
+    while n >= 0:  # ATTACH-HANG-PYTHON
+        n += 1
+
+
+async def blocked_in_c() -> None:
+    """A handler waiting for a lock another thread holds for ever: the main thread, in C, runs no Python code."""
+    import threading
+
+    lock = threading.Lock()
+    lock.acquire()  # held, and never released
+    print("ready", flush=True)
+    await asyncio.sleep(0)
+    lock.acquire()  # ATTACH-BLOCKED-IN-C
+
+
 # Terminal escapes a hostile target puts in what it sends back: set the window title, clear the screen, red.
 ESCAPES = "\x1b]0;owned\x07\x1b[2J\x1b[31m\u202e"
 
@@ -127,6 +147,9 @@ def answer(settings: dict[str, Any], mode: str) -> None:
         text = signed(report).replace('"seconds": 1.0', '"seconds": 1e999')
     elif mode == "no-nonce":
         text = json.dumps(report)
+    elif mode == "bad-hang":
+        report["hangs"] = [{"elapsed_ms": "forever"}]
+        text = signed(report)
     elif mode == "another-pid":
         report["pid"] = 1
         text = signed(report)
@@ -163,7 +186,12 @@ def main() -> None:
     if kind == "asleep":  # the main thread in a long C call before its loop runs: no safe point
         print("ready", flush=True)
         time.sleep(float(sys.argv[2]))
-    asyncio.run(serve(float(sys.argv[2]) if kind == "exits" else None))
+    if kind == "hung-in-python":
+        asyncio.run(hung_in_python())
+    elif kind == "blocked-in-c":
+        asyncio.run(blocked_in_c())
+    else:
+        asyncio.run(serve(float(sys.argv[2]) if kind == "exits" else None))
 
 
 if __name__ == "__main__":
