@@ -202,9 +202,9 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "--hang-after-ms",
         type=_hang_after,
         metavar="MS",
-        help=f"print a loop still stuck in one step after this long, while it is stuck, with its stack "
-        f"(default: {DEFAULT_HANG_AFTER_MS:g}, or hang_after_ms in [tool.aiocop]; 0: off; at most a day); on "
-        "SIGTERM, the report shows hung loops first",
+        help=f"print a loop still stuck in one step after this long, while it is stuck, with its stack; 0: off, "
+        f"at most a day (default: {DEFAULT_HANG_AFTER_MS:g}, or hang_after_ms in [tool.aiocop]); on SIGTERM, the "
+        "report shows hung loops first",
     )
     run.add_argument("--top", type=_positive(int), default=20, metavar="N", help="rows shown (default: 20)")
     run.add_argument("-v", "--verbose", action="store_true", help="also print each event as it is reported")
@@ -262,8 +262,8 @@ def _add_attach(commands: Any) -> argparse.ArgumentParser:
         "--hang-after-ms",
         type=_hang_after,
         metavar="MS",
-        help="report a loop stuck in one step this long as hung, with its stack (default: 5000, or half of "
-        "--seconds if less; 0: off; a target running aiocop's watchdog already keeps its own)",
+        help="report a loop stuck in one step this long as hung, with its stack, in the report and --html; 0: "
+        "off (default: 5000, or half of --seconds if less); a target running aiocop's watchdog keeps its own",
     )
     attach.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     _add_picture_files(attach)

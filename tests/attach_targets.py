@@ -61,6 +61,12 @@ async def blocked_in_c() -> None:
     lock.acquire()  # ATTACH-BLOCKED-IN-C
 
 
+async def idle() -> None:
+    """A loop with nothing to do, and no timer: its main thread waits in the selector until something comes."""
+    print("ready", flush=True)
+    await asyncio.Event().wait()  # ATTACH-IDLE
+
+
 # Terminal escapes a hostile target puts in what it sends back: set the window title, clear the screen, red.
 ESCAPES = "\x1b]0;owned\x07\x1b[2J\x1b[31m\u202e"
 
@@ -190,6 +196,8 @@ def main() -> None:
         asyncio.run(hung_in_python())
     elif kind == "blocked-in-c":
         asyncio.run(blocked_in_c())
+    elif kind == "idle":
+        asyncio.run(idle())
     else:
         asyncio.run(serve(float(sys.argv[2]) if kind == "exits" else None))
 

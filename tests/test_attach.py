@@ -992,6 +992,31 @@ def test_a_main_thread_blocked_in_c_is_said_within_the_timeout(targets: Any) -> 
             shutil.rmtree(folder)
 
 
+@needs_remote
+def test_an_idle_loop_that_runs_no_python_code_is_told_apart_from_a_hung_one(targets: Any) -> None:
+    """Issue 25: a loop waiting in its selector with nothing to do is not called hung; the message says why."""
+    target = targets("idle")
+    env = {**os.environ, "AIOCOP_ATTACH_START_TIMEOUT_S": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "aiocop", "attach", str(target.pid), "--seconds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+    try:
+        assert result.returncode == 4, result.stderr
+        assert "its main thread is waiting for I/O, outside Python." in result.stderr
+        assert "usually waiting for I/O (an event loop's selector with nothing to do, or select/poll)" in result.stderr
+        assert "An idle event loop waits like this, and runs the script at its next event" in result.stderr
+        assert "hung" not in result.stderr
+    finally:
+        for folder in leftovers(target.pid):
+            shutil.rmtree(folder)
+
+
 @pytest.mark.parametrize("kind", ["link", "file"])
 def test_another_user_s_file_or_link_is_not_written(targets: Any, tmp_path: Path, kind: str) -> None:
     """Issue 28: `sudo ... attach --html /tmp/report.html` does not write through another user's link, or into
