@@ -348,6 +348,7 @@ def test_pytest_reads_the_table_and_a_baseline_passes_known_call_sites(pytester:
 def test_the_table_the_docs_show_is_valid() -> None:
     config = load_config(EXAMPLE / "pyproject-example.toml")
     assert (config.threshold_ms, config.fail_on, config.sample_rate, len(config.allow)) == (50, "medium", 0.1, 2)
+    assert config.hang_after_ms == 10000
     assert config.baseline == str(EXAMPLE / "aiocop-baseline.json")
 
 
