@@ -30,6 +30,7 @@ MAX_EVENTS_PER_SITE = 1_000
 MAX_COUNT = 2**53  # whole numbers beyond this lose precision in JSON readers
 MAX_MS = 1e12  # about 31 years, in ms: no window or step lasts longer
 MAX_HANGS = 1_000  # hung loops in one report
+MAX_HANGS_SHOWN = 20  # printed (a process runs a few loops; more is a target filling the terminal)
 MAX_STEPS = 5_000  # steps for --html (the agent sends 2000 at most)
 MAX_ITEMS = 10_000  # calls or samples in one step
 MAX_FRAMES = 1_000  # frames in one stack
@@ -331,6 +332,8 @@ def _timeline(document: object, rows: int) -> dict[str, Any]:
 
 def _step(document: object, where: str, rows: int) -> dict[str, Any]:
     fields = _Fields(document, where)
+    if fields.ms("t0") > fields.ms("t1"):
+        raise BadReportError(f"{where}: it ends (t1) before it starts (t0)")
     return {
         "id": fields.count("id"),
         "t0": fields.ms("t0"),
@@ -395,12 +398,14 @@ def render_hangs(hangs: list[dict[str, Any]]) -> str:
     ordered = sorted(hangs, key=lambda hang: hang["ended_after_ms"] is not None)
     still = sum(1 for hang in hangs if hang["ended_after_ms"] is None)
     out = [f"aiocop: {len(hangs)} loop(s) hung during the window, {still} still hung now:"]
-    for hang in ordered:
+    for hang in ordered[:MAX_HANGS_SHOWN]:
         ended = hang["ended_after_ms"]
         out.append(
             "[STILL HUNG] latest report:" if ended is None else f"[ended, after {ended / 1000.0:.1f} s] latest report:"
         )
         out.append(_describe_hang(hang))
+    if len(ordered) > MAX_HANGS_SHOWN:
+        out.append(f"... {len(ordered) - MAX_HANGS_SHOWN} more hung loop(s); see --json for all")
     out.append("(a step already running when aiocop attached is timed from the attach: it has hung at least that long)")
     return "\n".join(out)
 

@@ -55,6 +55,10 @@ def planted_problem(flag: str, path: str) -> str | None:
 
 
 def _planted(flag: str, path: str, status: os.stat_result) -> str | None:
+    if stat.S_ISREG(status.st_mode) and status.st_nlink > 1:
+        # A hard link another user made to a file of root's (where the kernel lets them) is root's to
+        # look at, but writing it writes that file.
+        return f"{flag}: {path!r} is a file with {status.st_nlink} links (a hard link to another file): refused"
     owner = status.st_uid
     if owner in (os.geteuid(), 0):
         return None

@@ -153,6 +153,32 @@ def answer(settings: dict[str, Any], mode: str) -> None:
         text = signed(report).replace('"seconds": 1.0', '"seconds": 1e999')
     elif mode == "no-nonce":
         text = json.dumps(report)
+    elif mode == "markup":  # a well-formed report whose every string is markup and terminal escapes
+        evil = f"</script><script>alert(1)</script>{ESCAPES}"
+        frame = [f"/srv/{evil}.py", 1, evil]
+        row["call_site"] = f"app.py:1:{evil}"
+        report["hangs"] = [
+            {
+                "elapsed_ms": 6000.0, "hang_reports": 1, "task": evil, "thread": evil, "loop": evil,
+                "culprit": evil, "call_site": evil, "context": {evil: evil}, "blocker": evil,
+                "blocker_trace": evil, "stack": [[*frame, evil]], "trace": evil, "ended_after_ms": None,
+            }
+        ]  # fmt: skip
+        call = {"event": evil, "app_site": evil, "entry_point": evil, "source": evil, "trace": evil}
+        report["timeline"] = {
+            "steps": [
+                {
+                    "id": 0, "t0": 1.0, "t1": 2.0, "elapsed_ms": 1.0, "reason": evil, "impact": "low", "site": evil,
+                    "task": evil, "thread": evil, "loop": evil, "culprit": evil, "context": {evil: evil},
+                    "rows": [0], "calls": [{**call, "frames": [frame], "app_frame": 0}],
+                    "samples": [{"count": 1, "trace": evil, "app_site": evil, "frames": [frame], "app_frame": 0}],
+                    "dropped_calls": 0,
+                }
+            ],
+            "steps_dropped": 0,
+            "duration_ms": 1000.0,
+        }  # fmt: skip
+        text = signed(report)
     elif mode == "bad-hang":
         report["hangs"] = [{"elapsed_ms": "forever"}]
         text = signed(report)

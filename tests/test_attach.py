@@ -562,6 +562,27 @@ def test_terminal_escapes_in_a_report_are_printed_escaped(targets: Any, tmp_path
 
 
 @needs_remote
+def test_markup_and_escapes_in_a_report_stay_text_in_every_output(targets: Any, tmp_path: Path) -> None:
+    """Issue 28: a target's strings (`</script>`, terminal escapes) in its hangs and steps, printed and drawn."""
+    target = targets("hostile", "markup")
+    files = {flag: tmp_path / f"out.{flag[2:]}" for flag in ("--html", "--speedscope", "--folded", "--json")}
+    try:
+        result = aiocop_attach(
+            str(target.pid), "--seconds", "1", *(str(part) for item in files.items() for part in item)
+        )
+    finally:
+        for elsewhere in Path(tempfile.gettempdir()).glob(f"aiocop-test-hostile-{target.pid}-*"):
+            shutil.rmtree(elsewhere)
+    assert result.returncode == 0, result.stderr
+    assert "[STILL HUNG]" in result.stderr and "\\x1b]0;owned" in result.stderr
+    for text in (result.stderr, *(path.read_text() for path in files.values())):
+        assert "\x1b" not in text and "\u202e" not in text
+    page = files["--html"].read_text()
+    assert "<script>alert(1)" not in page and "\\u003c/script\\u003e\\u003cscript\\u003ealert(1)" in page
+    assert leftovers(target.pid) == []
+
+
+@needs_remote
 def test_the_exchange_folder_goes_on_every_path(targets: Any) -> None:
     """Issue 23, 7: success, the target exiting, Ctrl-C: no folder is left behind (the late script: its own test)."""
     served = targets("serve")

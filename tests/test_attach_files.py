@@ -304,6 +304,14 @@ def test_an_output_planted_after_the_check_is_refused_by_descriptor_untouched(
         _report_files.open_own("--html", str(link))
     assert not (tmp_path / "elsewhere").exists()
     monkeypatch.undo()
+    linked = tmp_path / "hardlink.html"  # a hard link to a file of root's, made where the kernel allows it
+    precious = tmp_path / "precious"
+    precious.write_text("precious")
+    os.link(precious, linked)
+    assert _report_files.planted_problem("--json", str(linked)) is not None
+    with pytest.raises(PermissionError, match="is a file with 2 links"):
+        _report_files.open_own("--json", str(linked))
+    assert precious.read_text() == "precious"
     mine = tmp_path / "mine.html"
     mine.symlink_to(tmp_path / "target.html")  # one's own link is followed, as `run` follows it
     with _report_files.open_own("--html", str(mine)) as out:

@@ -291,6 +291,7 @@ def test_hangs_and_steps_are_kept_and_a_hang_renders_as_run_prints_it() -> None:
         (("timeline", "steps", 0, "calls", 0, "app_frame"), 1, "report.json.timeline.steps[0].calls[0].app_frame:"),
         (("timeline", "steps", 0, "samples", 0, "count"), -1, "report.json.timeline.steps[0].samples[0].count:"),
         (("timeline", "steps"), [STEP] * 5001, "report.json.timeline.steps: more than 5000 items"),
+        (("timeline", "steps", 0, "t0"), 20.0, "report.json.timeline.steps[0]: it ends (t1) before it starts (t0)"),
     ],
 )
 def test_a_bad_hang_or_step_is_named(path: tuple[Any, ...], value: Any, said: str) -> None:
@@ -317,3 +318,11 @@ def test_every_string_of_a_hang_and_a_step_is_made_printable() -> None:
     text = render_hangs(result["hangs"]) + json.dumps(result["timeline"], ensure_ascii=False)
     assert not any(ch in text for ch in "\x1b\x07\x9b\u202e\u200b\u2028\ud800\x7f")
     assert "forged line" in text and "\nforged line" not in text  # a newline cannot forge a line of the report
+
+
+def test_a_target_sending_many_hangs_does_not_fill_the_terminal() -> None:
+    from aiocop._attach_report import render_hangs
+
+    text = render_hangs(checked({**REPORT, "hangs": [HANG] * 1000})["hangs"])
+    assert text.count("[STILL HUNG]") == 20
+    assert "... 980 more hung loop(s); see --json for all" in text
