@@ -120,8 +120,10 @@ def _session(settings: dict[str, Any]) -> dict[str, Any]:
     error: str | None = None
     report: dict[str, Any] | None = None
     try:
+        own_watchdog = not _watchdog.watchdog.running
         threshold_ms, already = _install(settings, collector, undo)
-        _adopt_running_loops()
+        if own_watchdog:  # (a target's own watchdog keeps its own list of loops: left as it was)
+            _adopt_running_loops()
         _write(settings, "status.json", {"state": "started", "already_running": already, "threshold_ms": threshold_ms})
         window = _watch(settings)
         report = {

@@ -168,20 +168,24 @@ def python_stack(pid: int) -> list[str]:
     except ImportError:
         return []
     try:
-        threads = _remote_debugging.RemoteUnwinder(pid).get_stack_trace()  # the main thread's only
-        return _frames_of(threads[0])
+        found = _remote_debugging.RemoteUnwinder(pid).get_stack_trace()  # the main thread's only
+        # 3.15 puts the threads in one InterpreterInfo per interpreter: the main interpreter's main thread.
+        threads = list(found[0].threads) if hasattr(found[0], "threads") else list(found)
+        main = next((t for t in threads if getattr(t, "thread_id", None) == pid), threads[0])
+        return _frames_of(main)
     except Exception:  # another process's memory, through a private API: anything may fail, or change shape
         return []
 
 
 def _frames_of(thread: Any) -> list[str]:
-    # ThreadInfo(thread_id, frame_info=[FrameInfo(filename, lineno, funcname)]), or, as its
-    # docstring describes it, (thread_id, [(function, filename, line)]).
+    # ThreadInfo(thread_id, frame_info=[FrameInfo(filename, lineno or location.lineno, funcname)]),
+    # or, as 3.14's docstring describes it, (thread_id, [(function, filename, line)]).
     frames = thread.frame_info if hasattr(thread, "frame_info") else thread[1]
     lines = []
     for frame in list(frames)[:_MAX_STACK]:
         if hasattr(frame, "filename"):
-            file, line, function = frame.filename, frame.lineno, frame.funcname
+            file, function = frame.filename, frame.funcname
+            line = frame.lineno if hasattr(frame, "lineno") else frame.location.lineno
         else:
             function, file, line = frame
         lines.append(printable(f"{file}:{line} in {function}")[:500])
