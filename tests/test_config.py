@@ -230,8 +230,8 @@ def test_hang_after_ms_from_the_table_reaches_the_api_the_cli_and_pytest(
     assert _state.config.hang_after_ms is None
     aiocop.configure(pyproject(tmp_path, "threshold_ms = 40\n"))
     assert _state.config.hang_after_ms == 5000  # unset: the default, not what the table said before
-    # The CLI: a 2 s step is printed as a hang while it runs only if the table's 300 ms is used (not 5000).
-    (tmp_path / "prog.py").write_text(PROGRAM.format(extra="__import__('time').sleep(2.0)"))
+    # The CLI: a 1.2 s step is printed as a hang while it runs only if the table's 300 ms is used (not 5000).
+    (tmp_path / "prog.py").write_text(PROGRAM.format(extra="__import__('time').sleep(1.2)"))
     pyproject(tmp_path, "hang_after_ms = 300\n")
     result = aiocop_run("run", "prog.py", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -239,15 +239,11 @@ def test_hang_after_ms_from_the_table_reaches_the_api_the_cli_and_pytest(
     off = aiocop_run("run", "--hang-after-ms", "0", "prog.py", cwd=tmp_path)  # the flag wins: off
     assert off.returncode == 0, off.stderr
     assert "HUNG" not in off.stderr
-    # pytest: the table's value in the header, where the watchdog runs; the flag wins.
+    # pytest: the table's value in the header, where the watchdog runs (the flags' checks: test_pytest_plugin.py).
     pytester.makepyprojecttoml("[tool.aiocop]\nhang_after_ms = 1500\n")
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--aiocop", "--aiocop-threshold-ms=50")
     result.stdout.fnmatch_lines(["aiocop: fail_on=low, threshold_ms=50, hang_after_ms=1500, trace_depth=*"])
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--aiocop", "--aiocop-threshold-ms=50", "--aiocop-hang-after-ms=0"
-    )
-    result.stdout.fnmatch_lines(["aiocop: fail_on=low, threshold_ms=50, hang_after_ms=off, trace_depth=*"])
 
 
 def test_the_cli_takes_the_table_and_its_flags_win(tmp_path: Path) -> None:
