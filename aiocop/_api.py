@@ -208,7 +208,8 @@ def configure(path: str | os.PathLike[str] | None = None) -> ProjectConfig:
     the nearest `pyproject.toml` from the working directory up), starts
     interception with its `trace_depth`, adds its allow rules, takes its
     `app_paths`/`library_paths` for the reports' application lines, and
-    starts the stall watchdog if it sets `threshold_ms`. The ASGI middleware
+    starts the stall watchdog if it sets `threshold_ms` (with its
+    `hang_after_ms`, which a watchdog already running takes too). The ASGI middleware
     takes its `sample_rate`. Called again, it replaces what it applied
     before. Raises `ConfigError` for a table it cannot use. Added in 2.0.
 
@@ -225,7 +226,10 @@ def configure(path: str | os.PathLike[str] | None = None) -> ProjectConfig:
         _allow.add_allow_rule(rule)
     _frames.set_app_paths(config.app_paths, config.library_paths)
     if config.threshold_ms is not None:
-        detect_slow_tasks(threshold_ms=config.threshold_ms)
+        hang_after = _state.Config.hang_after_ms if config.hang_after_ms is None else config.hang_after_ms or None
+        detect_slow_tasks(threshold_ms=config.threshold_ms, hang_after_ms=hang_after)
+    elif config.hang_after_ms is not None and _watchdog.watchdog.running:
+        _state.config.hang_after_ms = config.hang_after_ms or None  # the watchdog already running takes it
     _configured = config
     return config
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import aiocop
-from aiocop import _attach_report
+from aiocop import _attach_proc, _attach_report, _report_files
 from aiocop._attach_files import AttachError, Exchange, Pin, agent_sources, temporary_folder
 from aiocop._attach_report import BadReportError, printable
 from aiocop._report import Summary
@@ -29,6 +29,9 @@ from aiocop._severity import level_rank
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_FAIL_ON = 3
+# The target's main thread ran none of aiocop's code within the start timeout:
+# blocked in a call (the message says which, as the OS sees it), or idle.
+EXIT_NOT_RUN = 4
 EXIT_INTERRUPTED = 130
 
 # How long the target may take to run the bootstrap: it runs at the main
@@ -148,6 +151,15 @@ class UsageError(AttachError):
     """The command cannot run as given (exit status 2)."""
 
 
+class NotRunError(AttachError):
+    """The target's main thread did not run the script in time (exit status 4)."""
+
+
+def default_hang_after_ms(seconds: float) -> float:
+    """When `attach` calls a step hung: after 5 s, or half the window if shorter (a hang is seen within it)."""
+    return min(5000.0, seconds * 1000.0 / 2)
+
+
 def start_timeout_s() -> float:
     """`AIOCOP_ATTACH_START_TIMEOUT_S`, read when the command runs and checked: a positive, finite number of seconds."""
     text = os.environ.get(START_TIMEOUT_VARIABLE, "").strip()
@@ -248,13 +260,58 @@ def _explain(pid: int, error: BaseException) -> AttachError:
     return AttachError(f"could not attach to PID {pid}: {type(error).__name__}: {text}")
 
 
+def not_run_message(pid: int, timeout: float) -> str:
+    """Why PID's main thread ran no Python code for `timeout` s, as far as the OS and its memory say (lines)."""
+    head = f"PID {pid} did not run aiocop's script within {timeout:g} s"
+    later = "If it runs the script later, the script does nothing."
+    wait = _attach_proc.thread_wait(pid, pid)
+    seen = wait.describe()
+    stack = _attach_proc.python_stack(pid)
+    lines = []
+    if seen:
+        lines.append(f"  the OS says its main thread (TID {pid}) is {seen}")
+    if stack:
+        lines.append("  its Python stack (innermost first, read from outside):")
+        lines += [f"    {frame}" for frame in stack]
+    if not seen:
+        first = (
+            f"{head}: its main thread has not reached Python code since (blocked in a call, or an idle server "
+            "waiting for its next request), or remote debugging is disabled in it."
+        )
+        return "\n".join([first, *lines, f"  {later}"])
+    if wait.in_io_wait:
+        first = f"{head}: its main thread is waiting for I/O, outside Python."
+        last = (
+            "  An idle event loop waits like this, and runs the script at its next event (a request, a timer): "
+            f"attach again when it has work, or raise {START_TIMEOUT_VARIABLE}. {later}"
+        )
+    else:
+        first = f"{head}: its main thread is blocked outside Python, in a call that has not returned."
+        last = (
+            "  Python code cannot run on that thread until the call returns: if its event loop runs there, the loop "
+            f"is hung in that call. {later}"
+        )
+    return "\n".join([first, *lines, last])
+
+
 def _progress(text: str) -> None:
     if sys.stderr.isatty():
         print(f"\r{text}\033[K", end="", file=sys.stderr, flush=True)
 
 
-def attach(pid: int, seconds: float, threshold_ms: float | None) -> dict[str, Any]:
-    """Watch PID for `seconds`; its checked report. Raises AttachError; KeyboardInterrupt ends the window early."""
+def attach(
+    pid: int,
+    seconds: float,
+    threshold_ms: float | None,
+    hang_after_ms: float | None = None,
+    *,
+    pictures: bool = False,
+) -> dict[str, Any]:
+    """Watch PID for `seconds`; its checked report. Raises AttachError; KeyboardInterrupt ends the window early.
+
+    `hang_after_ms`: when a step counts as hung (None: `default_hang_after_ms`; 0: never).
+    `pictures`: the report also carries the steps, for `--html`, `--speedscope`, `--folded`.
+    """
     check_interpreter()
     start_timeout = start_timeout_s()
     if pid == os.getpid():
@@ -267,7 +324,8 @@ def attach(pid: int, seconds: float, threshold_ms: float | None) -> dict[str, An
         sources = agent_sources(Path(aiocop.__file__).resolve().parent, owners)
         session = _Session(pin, Exchange(temporary_folder(owners | {os.geteuid()}), pin), start_timeout)
         try:
-            return session.run(sources, seconds, threshold_ms)
+            hang_after = default_hang_after_ms(seconds) if hang_after_ms is None else hang_after_ms or None
+            return session.run(sources, seconds, threshold_ms, hang_after, pictures)
         finally:
             session.close()
     finally:
@@ -285,7 +343,14 @@ class _Session:
         self.start_timeout = start_timeout
         self.late = False  # the target may still run the script: leave it, and `cancelled`, for it
 
-    def run(self, sources: dict[str, list[object]], seconds: float, threshold_ms: float | None) -> dict[str, Any]:
+    def run(
+        self,
+        sources: dict[str, list[object]],
+        seconds: float,
+        threshold_ms: float | None,
+        hang_after_ms: float | None,
+        pictures: bool,
+    ) -> dict[str, Any]:
         settings = {
             "folder": str(self.exchange.path),
             "pid": self.pid,
@@ -293,6 +358,8 @@ class _Session:
             "nonce": self.nonce,
             "seconds": seconds,
             "threshold_ms": threshold_ms,
+            "hang_after_ms": hang_after_ms,
+            "pictures": pictures,
             "by": os.getpid(),
         }
         self.exchange.write("agent.json", json.dumps(sources).encode())
@@ -379,16 +446,12 @@ class _Session:
             if self.pin.exited():
                 raise AttachError(f"PID {self.pid} exited before it ran aiocop's script")
             if time.monotonic() - asked > self.start_timeout:
-                ran = self.exchange.has("ran")
-                raise AttachError(
-                    f"PID {self.pid} ran aiocop's script but said nothing within {self.start_timeout:g} s "
-                    "(it could not write in the exchange folder: a full disk?); it detaches on its own"
-                    if ran
-                    else f"PID {self.pid} did not run aiocop's script within {self.start_timeout:g} s: its main "
-                    "thread has not reached Python code since (blocked in a call, or an idle server waiting for its "
-                    "next request), or remote debugging is disabled in it. If it runs the script later, the script "
-                    "does nothing."
-                )
+                if self.exchange.has("ran"):
+                    raise AttachError(
+                        f"PID {self.pid} ran aiocop's script but said nothing within {self.start_timeout:g} s "
+                        "(it could not write in the exchange folder: a full disk?); it detaches on its own"
+                    )
+                raise NotRunError(not_run_message(self.pid, self.start_timeout))
             _progress(f"aiocop: waiting for PID {self.pid} to run aiocop's script...")
             time.sleep(0.05)
         if status["state"] == "error":
@@ -410,14 +473,27 @@ class _Session:
 
 
 def main(
-    pid: int, seconds: float, threshold_ms: float | None, json_path: str | None, fail_on: str | None, top: int
+    pid: int,
+    seconds: float,
+    threshold_ms: float | None,
+    json_path: str | None,
+    fail_on: str | None,
+    top: int,
+    hang_after_ms: float | None = None,
+    pictures: dict[str, str | None] | None = None,
+    command: str = "python -m aiocop attach",
 ) -> int:
-    """The `attach` command: the report printed, the exit status."""
+    """The `attach` command: the report printed, the files asked for written, the exit status."""
+    pictures = pictures or {}
+    began = time.time()
     try:
-        report = attach(pid, seconds, threshold_ms)
+        report = attach(pid, seconds, threshold_ms, hang_after_ms, pictures=any(pictures.values()))
     except AttachError as error:
         # Printable: parts of it (an error the target sent, a version it reported) are the target's.
-        print(f"aiocop attach: {printable(str(error))}", file=sys.stderr)
+        # Line by line: the lines are this side's (the target's own text is escaped, its newlines too).
+        print("aiocop attach: " + "\n".join(map(printable, str(error).split("\n"))), file=sys.stderr)
+        if isinstance(error, NotRunError):
+            return EXIT_NOT_RUN
         return EXIT_USAGE if isinstance(error, UsageError) else EXIT_ERROR
     except KeyboardInterrupt as interrupt:
         said = interrupt.args[0] if interrupt.args else "nothing was sent to the target"
@@ -430,17 +506,60 @@ def main(
         f"{report['loops']} event loop(s), threshold {report['threshold_ms']:g} ms; {state}.",
         file=sys.stderr,
     )
-    print("\n" + summary.render(limit=top), file=sys.stderr)
-    if json_path:
-        try:
-            with open(json_path, "w", encoding="utf-8") as out:
-                json.dump({"aiocop": aiocop.__version__, "attached_to": pid, **report}, out, indent=2)
-                out.write("\n")
-        except OSError as error:
-            print(f"aiocop attach: --json: cannot write {json_path!r}: {error.strerror}", file=sys.stderr)
-            return EXIT_ERROR
+    hangs = _attach_report.render_hangs(report["hangs"])
+    if hangs:
+        print("\n" + hangs, file=sys.stderr)
+    table = summary.render(limit=top)
+    if hangs and not summary.rows():
+        table = "aiocop: no other blocking call or stall was seen (a hung step's calls are reported when it ends)."
+    print("\n" + table, file=sys.stderr)
+    written = _write_json(json_path, pid, report) if json_path else True
+    if any(pictures.values()):
+        written = _report_files.write_model(_model(report, command, began), pictures, own_files=True) and written
     worst = summary.worst_level()
+    if any(hang["ended_after_ms"] is None for hang in report["hangs"]):
+        worst = "high"  # a loop still hung at the end of the window: the worst there is
     if fail_on and worst is not None and level_rank(worst) >= level_rank(fail_on):
         print(f"aiocop: failing: a call site reached impact {worst!r} (--fail-on {fail_on})", file=sys.stderr)
         return EXIT_FAIL_ON
-    return 0
+    return 0 if written else EXIT_ERROR
+
+
+def _write_json(path: str, pid: int, report: dict[str, Any]) -> bool:
+    document = {"aiocop": aiocop.__version__, "attached_to": pid, **report}
+    if document["timeline"] is None:
+        del document["timeline"]
+    try:
+        with _report_files.open_own("--json", path) as out:
+            json.dump(document, out, indent=2)
+            out.write("\n")
+    except OSError as error:
+        print(f"aiocop attach: --json: cannot write {path!r}: {error.strerror or error}", file=sys.stderr)
+        return False
+    return True
+
+
+def _model(report: dict[str, Any], command: str, began: float) -> dict[str, Any]:
+    """The HTML report's model (`_timeline.build`'s shape) from the checked report: one model for `run` and `attach`."""
+    from aiocop._timeline import CAUSES  # noqa: PLC0415 - only for an attach that asked for a picture
+
+    timeline = report["timeline"] or {"steps": [], "steps_dropped": 0, "duration_ms": report["seconds"] * 1000.0}
+    steps = timeline["steps"]
+    loops = sorted({step["loop"].partition("@")[0] for step in steps if step["loop"]})
+    return {
+        "facts": {
+            "command": command,
+            "python": f"CPython {report['python']} (PID {report['pid']})",
+            "loop": "the target's" + (f"; seen: {', '.join(loops)}" if loops else ""),
+            "threshold_ms": report["threshold_ms"],
+            "duration_ms": round(max([timeline["duration_ms"], *(step["t1"] for step in steps)]), 3),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(began)),
+            "aiocop": report["aiocop"],
+            "exit_status": None,
+            "cwd": os.getcwd(),
+        },
+        "summary": {key: report[key] for key in ("events", "dropped_calls", "worst_impact", "call_sites")},
+        "steps": steps,
+        "steps_dropped": timeline["steps_dropped"],
+        "causes": CAUSES,
+    }

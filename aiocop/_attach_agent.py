@@ -28,9 +28,11 @@ no-op). What it could not stop, it leaves importable and says so.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import json
+import linecache
 import os
 import shutil
 import sys
@@ -110,10 +112,18 @@ def _session(settings: dict[str, Any]) -> dict[str, Any]:
     undo: list[tuple[str, Callable[[], None]]] = []
     saved = _settings()
     summary = Summary()
+    collector: Callable[[Any], None] = summary
+    if settings.get("pictures"):  # --html and friends: each step kept with its time, as `run` keeps them
+        from aiocop._timeline import Timeline  # noqa: PLC0415 - only for an attach that asked
+
+        collector = timeline = Timeline(summary, MAX_STEPS)
     error: str | None = None
     report: dict[str, Any] | None = None
     try:
-        threshold_ms, already = _install(settings, summary, undo)
+        own_watchdog = not _watchdog.watchdog.running
+        threshold_ms, already = _install(settings, collector, undo)
+        if own_watchdog:  # (a target's own watchdog keeps its own list of loops: left as it was)
+            _adopt_running_loops()
         _write(settings, "status.json", {"state": "started", "already_running": already, "threshold_ms": threshold_ms})
         window = _watch(settings)
         report = {
@@ -128,13 +138,24 @@ def _session(settings: dict[str, Any]) -> dict[str, Any]:
         error = f"{type(failure).__name__}: {failure}"
     # Everything started is undone, whatever failed above; each step on its own.
     failed = _undo(undo, saved)
+    document = None
+    if error is None and report is not None:
+        # Before the modules go: what builds it may import (a lazy import after
+        # `_forget` would load aiocop again, from the target's path).
+        try:
+            document = {**report, "loops": len(_seen_loops), **summary.to_dict()}
+            document["hangs"] = hang_records(summary)
+            if collector is not summary:
+                document["timeline"] = _timeline_of(timeline, threshold_ms)
+        except BaseException as failure:
+            error = f"could not make the report: {type(failure).__name__}: {failure}"
     forgotten = _forget(settings, can_forget=not failed)
     if failed:
         left = "" if forgotten or not settings["injected"] else f": aiocop is left loaded in PID {os.getpid()}"
         error = (error + "; " if error else "") + f"could not stop what it started ({'; '.join(failed)}){left}"
-    if error is None and report is not None:
+    if error is None and document is not None:
         try:
-            _write(settings, "report.json", {**report, "loops": len(_seen_loops), **summary.to_dict()})
+            _write(settings, "report.json", document)
         except BaseException as failure:
             error = f"could not write the report: {type(failure).__name__}: {failure}"
     return {"state": "done"} if error is None else {"state": "error", "error": error}
@@ -149,7 +170,7 @@ def _settings() -> tuple[dict[str, Any], dict[str, Any], bool]:
 
 
 def _install(
-    settings: dict[str, Any], summary: Summary, undo: list[tuple[str, Callable[[], None]]]
+    settings: dict[str, Any], summary: Callable[[Any], None], undo: list[tuple[str, Callable[[], None]]]
 ) -> tuple[float, bool]:
     """Start what is not running yet, its undoing noted *before* each start (a start can fail halfway)."""
     started_interception = not _state.started
@@ -164,8 +185,56 @@ def _install(
         undo.append(("the watchdog", _stop_watchdog))
         # A target running interception alone keeps its own threshold.
         threshold = settings["threshold_ms"] if started_interception else None
-        _api.detect_slow_tasks(threshold_ms=threshold or _state.config.threshold_ms)
+        # A loop hung when the session starts is reported within the window: the attaching side chose when.
+        _api.detect_slow_tasks(
+            threshold_ms=threshold or _state.config.threshold_ms, hang_after_ms=settings.get("hang_after_ms")
+        )
     return _state.config.threshold_ms, not (started_interception and started_watchdog)
+
+
+_MAX_WALK = 400
+
+
+def _adopt_running_loops() -> None:
+    """Register the loops already running in a step when the session starts: a loop hung in Python code.
+
+    A loop aiocop was not told about is learnt at its next start, its first
+    blocking call, or the watchdog's look at an idle one; a loop stuck in a
+    step of pure Python code (an endless loop) gives none of these, and is
+    the one an attach is most often for. Its thread's stack shows it: asyncio's
+    own iteration (`BaseEventLoop._run_once`, whose `self` is the loop), or,
+    for a loop written in C, the `asyncio.Runner` (or 3.10's `asyncio.run`) that
+    called into it, which is also where that loop's steps begin.
+    """
+    runner = getattr(asyncio, "Runner", None)
+    for thread_id, frame in sys._current_frames().items():
+        if thread_id == threading.get_ident() or thread_id in _loops.watches:
+            continue
+        found = _running_loop_on(frame, runner)
+        if found is not None:
+            loop, base = found
+            with contextlib.suppress(Exception):  # a loop that stopped meanwhile: nothing to adopt
+                if loop.is_running():
+                    _loops.register(loop, base, thread_id).discovered = True
+
+
+def _running_loop_on(frame: Any, runner: Any) -> tuple[asyncio.AbstractEventLoop, Any] | None:
+    f, depth = frame, 0
+    while f is not None and depth < _MAX_WALK:
+        depth += 1
+        module, name = f.f_globals.get("__name__"), f.f_code.co_name
+        with contextlib.suppress(Exception):  # another thread's frame, changing under us
+            if module == "asyncio.base_events" and name == "_run_once":
+                loop = f.f_locals.get("self")
+                return (loop, None) if isinstance(loop, asyncio.AbstractEventLoop) else None
+            if module == "asyncio.runners":
+                held = f.f_locals.get("self")
+                loop = getattr(held, "_loop", None) if runner is not None and isinstance(held, runner) else None
+                loop = loop if loop is not None else f.f_locals.get("loop")  # 3.10's asyncio.run()
+                if isinstance(loop, asyncio.AbstractEventLoop) and loop.is_running():
+                    return loop, f  # a loop in C: its steps start above the frame that called into it
+        f = f.f_back
+    return None
 
 
 def _stop_watchdog() -> None:
@@ -247,3 +316,72 @@ def _forget(settings: dict[str, Any], *, can_forget: bool) -> bool:
         with contextlib.suppress(ValueError):
             sys.meta_path.remove(finder)
     return True
+
+
+# --- what the report carries besides the table: the hung loops, the steps for --html ---------------------------
+
+# Steps kept for --html (each with its frames), and the most the report may
+# take (the attaching side refuses one above 16 MiB): steps beyond either are counted, not sent.
+MAX_STEPS = 2000
+_MAX_TIMELINE_BYTES = 12 << 20
+_MAX_HANG_FRAMES = 100
+# What the attaching side accepts of a context (keys, and characters of each value) and of a source line.
+_CONTEXT_KEYS = 50
+_TEXT = 1000
+
+
+def _context(context: dict[Any, Any]) -> dict[str, str]:
+    # A provider's value may be anything, and long: its text, cut.
+    items = list(context.items())[:_CONTEXT_KEYS]
+    return {str(k)[:200]: (v if isinstance(v, str) else repr(v))[:_TEXT] for k, v in items}
+
+
+def hang_records(summary: Summary) -> list[dict[str, Any]]:
+    """Each hung loop's latest hang report, with its stack and the source of each line, read here.
+
+    The source is read in the target, as the target's user: the attaching
+    side never opens a file the target names.
+    """
+    records = []
+    for event, ended in summary.hangs():
+        samples = event.cpu_stack_samples
+        frames = samples[0].get("frames", ()) if samples else ()
+        records.append(
+            {
+                "elapsed_ms": round(event.elapsed_ms, 3),
+                "hang_reports": event.hang_reports,
+                "task": event.task_name,
+                "thread": event.thread_name,
+                "loop": event.loop,
+                "culprit": event.culprit,
+                "call_site": event.call_site,
+                "context": _context(event.context),
+                "blocker": event.blocker,
+                "blocker_trace": event.blocker_trace,
+                "stack": [
+                    [str(file), int(line), str(function), linecache.getline(file, line).strip()[:_TEXT]]
+                    for file, line, function in list(frames)[:_MAX_HANG_FRAMES]
+                ],
+                "trace": samples[0]["trace"] if samples else "",
+                "ended_after_ms": None if ended is None else round(ended.hung_ms, 3),
+            }
+        )
+    return records
+
+
+def _timeline_of(timeline: Any, threshold_ms: float) -> dict[str, Any]:
+    """The steps of the HTML report's model (`_timeline.build`), within the report's size limit."""
+    from aiocop import _timeline  # noqa: PLC0415 - loaded already, by the session that asked
+
+    timeline.finish()
+    model = _timeline.build(timeline, _timeline.Facts("attach", threshold_ms, "the target's"))
+    steps, dropped = model["steps"], model["steps_dropped"]
+    for step in steps:
+        step["context"] = _context(step["context"])
+        for call in step["calls"]:
+            call["source"] = call["source"][:_TEXT]
+    while steps and len(json.dumps(steps)) > _MAX_TIMELINE_BYTES:  # the first steps kept, as a long run keeps them
+        keep = len(steps) // 2
+        dropped += len(steps) - keep
+        steps = steps[:keep]
+    return {"steps": steps, "steps_dropped": dropped, "duration_ms": model["facts"]["duration_ms"]}

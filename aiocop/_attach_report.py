@@ -17,7 +17,10 @@ import hmac
 import json
 import math
 import unicodedata
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 LEVELS = ("low", "medium", "high")  # SlowTaskEvent.impact's values
 MAX_STATUS_BYTES = 64 << 10
@@ -26,6 +29,12 @@ MAX_CALL_SITES = 100_000
 MAX_EVENTS_PER_SITE = 1_000
 MAX_COUNT = 2**53  # whole numbers beyond this lose precision in JSON readers
 MAX_MS = 1e12  # about 31 years, in ms: no window or step lasts longer
+MAX_HANGS = 1_000  # hung loops in one report
+MAX_HANGS_SHOWN = 20  # printed (a process runs a few loops; more is a target filling the terminal)
+MAX_STEPS = 5_000  # steps for --html (the agent sends 2000 at most)
+MAX_ITEMS = 10_000  # calls or samples in one step
+MAX_FRAMES = 1_000  # frames in one stack
+MAX_CONTEXT_KEYS = 100
 _SHORT = 256  # versions, event names
 _LINE = 4_096  # call sites, error messages
 _TRACE = 65_536
@@ -134,6 +143,37 @@ class _Fields:
             raise self._bad(key, "true or false", value)
         return value
 
+    def optional_string(self, key: str, limit: int) -> str | None:
+        return None if self._get(key) is None else self.string(key, limit)
+
+    def integer(self, key: str, low: int, high: int) -> int:
+        value = self._get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            shown = value if isinstance(value, int) else _kind(value)
+            raise BadReportError(f"{self.where}.{key}: expected a whole number from {low} to {high}, got {shown}")
+        return value
+
+    def list(self, key: str, limit: int, item: Callable[[object, str], Any]) -> list[Any]:
+        return _list(self._get(key), f"{self.where}.{key}", limit, item)
+
+    def context(self, key: str) -> dict[str, str]:
+        value = self._get(key)
+        where = f"{self.where}.{key}"
+        if not isinstance(value, dict):
+            raise BadReportError(f"{where}: expected an object, got {_kind(value)}")
+        if len(value) > MAX_CONTEXT_KEYS:
+            raise BadReportError(f"{where}: more than {MAX_CONTEXT_KEYS} keys")
+        checked = {}
+        for name, text in value.items():
+            if len(name) > _SHORT:
+                raise BadReportError(f"{where}: a key longer than {_SHORT} characters")
+            if not isinstance(text, str) or len(text) > _LINE:
+                raise BadReportError(
+                    f"{where}[{printable(name)[:40]!r}]: expected a string of at most {_LINE} characters"
+                )
+            checked[printable(name)] = printable(text)
+        return checked
+
     def level(self, key: str, *, optional: bool = False) -> str | None:
         value = self._get(key)
         if value is None and optional:
@@ -200,6 +240,9 @@ def report(document: dict[str, Any], nonce: str, pid: int) -> dict[str, Any]:
         "dropped_calls": fields.count("dropped_calls"),
         "worst_impact": fields.level("worst_impact", optional=True),
         "call_sites": [_row(row, f"report.json.call_sites[{i}]") for i, row in enumerate(sites)],
+        # An agent of an older aiocop sends neither: none hung, no steps.
+        "hangs": _list(document.get("hangs", []), "report.json.hangs", MAX_HANGS, _hang),
+        "timeline": None if document.get("timeline") is None else _timeline(document["timeline"], len(sites)),
     }
 
 
@@ -231,3 +274,163 @@ def _row(document: object, where: str) -> dict[str, Any]:
     if "known" in fields.document:
         row["known"] = fields.boolean("known")
     return row
+
+
+def _list(value: object, where: str, limit: int, item: Callable[[object, str], Any]) -> list[Any]:
+    if not isinstance(value, list):
+        raise BadReportError(f"{where}: expected an array, got {_kind(value)}")
+    if len(value) > limit:
+        raise BadReportError(f"{where}: more than {limit} items")
+    return [item(entry, f"{where}[{i}]") for i, entry in enumerate(value)]
+
+
+def _frame(value: object, where: str) -> list[Any]:
+    """`[file, line, function]` (and, in a hang's stack, the line's source text)."""
+    if not (isinstance(value, list) and len(value) in (3, 4)):
+        raise BadReportError(f"{where}: expected [file, line, function], got {_kind(value)}")
+    fields = _Fields(dict(zip(("file", "line", "function", "source"), value, strict=False)), where)
+    frame: list[Any] = [
+        fields.string("file", _LINE),
+        fields.integer("line", 0, 2**31),
+        fields.string("function", _LINE),
+    ]
+    if len(value) == 4:
+        frame.append(fields.string("source", _LINE))
+    return frame
+
+
+def _hang(document: object, where: str) -> dict[str, Any]:
+    """A hung loop's latest report, as the agent's `hang_records` writes it."""
+    fields = _Fields(document, where)
+    ended = fields.document.get("ended_after_ms")
+    return {
+        "elapsed_ms": fields.ms("elapsed_ms"),
+        "hang_reports": fields.count("hang_reports"),
+        "task": fields.optional_string("task", _LINE),
+        "thread": fields.string("thread", _LINE),
+        "loop": fields.string("loop", _LINE),
+        "culprit": fields.string("culprit", _LINE),
+        "call_site": fields.string("call_site", _LINE),
+        "context": fields.context("context"),
+        "blocker": fields.string("blocker", _LINE),
+        "blocker_trace": fields.string("blocker_trace", _TRACE),
+        "stack": fields.list("stack", MAX_FRAMES, _frame),
+        "trace": fields.string("trace", _TRACE),
+        "ended_after_ms": None if ended is None else fields.ms("ended_after_ms"),
+    }
+
+
+def _timeline(document: object, rows: int) -> dict[str, Any]:
+    """The steps of the HTML report's model (`_timeline.build`), each field checked: the renderers trust them."""
+    fields = _Fields(document, "report.json.timeline")
+    return {
+        "steps": fields.list("steps", MAX_STEPS, lambda step, where: _step(step, where, rows)),
+        "steps_dropped": fields.count("steps_dropped"),
+        "duration_ms": fields.ms("duration_ms"),
+    }
+
+
+def _step(document: object, where: str, rows: int) -> dict[str, Any]:
+    fields = _Fields(document, where)
+    if fields.ms("t0") > fields.ms("t1"):
+        raise BadReportError(f"{where}: it ends (t1) before it starts (t0)")
+    return {
+        "id": fields.count("id"),
+        "t0": fields.ms("t0"),
+        "t1": fields.ms("t1"),
+        "elapsed_ms": fields.ms("elapsed_ms"),
+        "reason": fields.string("reason", _SHORT),
+        "impact": fields.level("impact"),
+        "site": fields.string("site", _LINE),
+        "task": fields.optional_string("task", _LINE),
+        "thread": fields.string("thread", _LINE),
+        "loop": fields.string("loop", _LINE),
+        "culprit": fields.string("culprit", _LINE),
+        "context": fields.context("context"),
+        "rows": fields.list("rows", MAX_CALL_SITES, lambda n, at: _index(n, at, rows)),
+        "calls": fields.list("calls", MAX_ITEMS, _call),
+        "samples": fields.list("samples", MAX_ITEMS, _sample),
+        "dropped_calls": fields.count("dropped_calls"),
+    }
+
+
+def _index(value: object, where: str, rows: int) -> int:
+    n = _count(value, where)
+    if n >= rows:
+        raise BadReportError(f"{where}: {n} is not a row of the report's {rows} call sites")
+    return n
+
+
+def _call(document: object, where: str) -> dict[str, Any]:
+    fields = _Fields(document, where)
+    frames = fields.list("frames", MAX_FRAMES, _frame)
+    return {
+        "event": fields.string("event", _LINE),
+        "app_site": fields.string("app_site", _LINE),
+        "entry_point": fields.string("entry_point", _LINE),
+        "source": fields.string("source", _LINE),
+        "trace": fields.string("trace", _TRACE),
+        "frames": frames,
+        "app_frame": fields.integer("app_frame", -1, len(frames) - 1),
+    }
+
+
+def _sample(document: object, where: str) -> dict[str, Any]:
+    fields = _Fields(document, where)
+    frames = fields.list("frames", MAX_FRAMES, _frame)
+    return {
+        "count": fields.count("count"),
+        "trace": fields.string("trace", _TRACE),
+        "app_site": fields.string("app_site", _LINE),
+        "frames": frames,
+        "app_frame": fields.integer("app_frame", -1, len(frames) - 1),
+    }
+
+
+def render_hangs(hangs: list[dict[str, Any]]) -> str:
+    """The hung loops of a checked report, still hung ones first, as `run` prints them (`Summary.render_hangs`).
+
+    Every string in them was made printable when checked; the source lines
+    are the target's, read there: nothing here opens a file the target names.
+    """
+    if not hangs:
+        return ""
+    ordered = sorted(hangs, key=lambda hang: hang["ended_after_ms"] is not None)
+    still = sum(1 for hang in hangs if hang["ended_after_ms"] is None)
+    out = [f"aiocop: {len(hangs)} loop(s) hung during the window, {still} still hung now:"]
+    for hang in ordered[:MAX_HANGS_SHOWN]:
+        ended = hang["ended_after_ms"]
+        out.append(
+            "[STILL HUNG] latest report:" if ended is None else f"[ended, after {ended / 1000.0:.1f} s] latest report:"
+        )
+        out.append(_describe_hang(hang))
+    if len(ordered) > MAX_HANGS_SHOWN:
+        out.append(f"... {len(ordered) - MAX_HANGS_SHOWN} more hung loop(s); see --json for all")
+    out.append("(a step already running when aiocop attached is timed from the attach: it has hung at least that long)")
+    return "\n".join(out)
+
+
+def _describe_hang(hang: dict[str, Any]) -> str:
+    # The words of _report.describe_hang, from the checked record.
+    where = f"task {hang['task']!r}" if hang["task"] is not None else "a callback"
+    again = f", report {hang['hang_reports']}" if hang["hang_reports"] > 1 else ""
+    lines = [
+        f"loop HUNG for {hang['elapsed_ms'] / 1000.0:.1f} s (still running{again}) in {where} on thread "
+        f"{hang['thread']!r}: {hang['culprit'] or 'no stack'} at {hang['call_site'] or 'unknown'}",
+        f"  loop: {hang['loop']}",
+    ]
+    if hang["context"]:
+        lines.append("  context: " + ", ".join(f"{k}={v!r}" for k, v in hang["context"].items()))
+    if hang["blocker"]:
+        lines.append(f"  blocked by: {hang['blocker']}")
+        if hang["blocker_trace"]:
+            lines.append("    its stack: " + hang["blocker_trace"])
+    if hang["stack"]:
+        lines.append("  stack (innermost first):")
+        for file, line, function, *source in hang["stack"]:
+            lines.append(f"    {file}:{line} in {function}")
+            if source and source[0]:
+                lines.append(f"      {source[0]}")
+    elif hang["trace"]:
+        lines.append(f"  stack: {hang['trace']}")
+    return "\n".join(lines)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import aiocop
 from aiocop import _baseline, _report_files, _state
-from aiocop._config import MAX_THRESHOLD_MS, ConfigError, parse_allow_line, read_config
+from aiocop._config import MAX_HANG_AFTER_MS, MAX_THRESHOLD_MS, ConfigError, parse_allow_line, read_config
 from aiocop._events import is_hang_report
 from aiocop._frames import set_app_paths
 from aiocop._inputs import open_for_writing
@@ -86,6 +86,23 @@ def _positive(kind: type[float] | type[int], at_most: float = math.inf) -> Any:
 
     parse.__name__ = kind.__name__  # argparse names the type in its messages
     return parse
+
+
+def _hang_after(text: str) -> float:
+    """`--hang-after-ms`: milliseconds above 0 and at most a day, or 0 (off)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= MAX_HANG_AFTER_MS:  # also refuses NaN and infinity
+        raise argparse.ArgumentTypeError(
+            f"expected a number of milliseconds from 0 (off) to {MAX_HANG_AFTER_MS:.15g} (a day), got {text!r}"
+        )
+    return value
+
+
+_hang_after.__name__ = "milliseconds"
+DEFAULT_HANG_AFTER_MS = 5000.0
 
 
 def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -183,11 +200,11 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     )
     run.add_argument(
         "--hang-after-ms",
-        type=_positive(float),
-        default=5000.0,
+        type=_hang_after,
         metavar="MS",
-        help="print a loop still stuck in one step after this long, while it is stuck, with its stack "
-        "(default: 5000); on SIGTERM, the report shows hung loops first",
+        help=f"print a loop still stuck in one step after this long, while it is stuck, with its stack; 0: off, "
+        f"at most a day (default: {DEFAULT_HANG_AFTER_MS:g}, or hang_after_ms in [tool.aiocop]); on SIGTERM, the "
+        "report shows hung loops first",
     )
     run.add_argument("--top", type=_positive(int), default=20, metavar="N", help="rows shown (default: 20)")
     run.add_argument("-v", "--verbose", action="store_true", help="also print each event as it is reported")
@@ -228,7 +245,11 @@ def _add_attach(commands: Any) -> argparse.ArgumentParser:
     )
     attach.add_argument("pid", type=_positive(int), metavar="PID", help="the process to watch")
     attach.add_argument(
-        "--seconds", type=_positive(float), default=10.0, metavar="N", help="how long to watch (default: 10)"
+        "--seconds",
+        type=_positive(float, 86_400),
+        default=10.0,
+        metavar="N",
+        help="how long to watch (default: 10; at most a day)",
     )
     attach.add_argument(
         "--threshold-ms",
@@ -237,7 +258,15 @@ def _add_attach(commands: Any) -> argparse.ArgumentParser:
         help=f"a step holding its loop this long is a stall (default: {DEFAULT_THRESHOLD_MS:g}; a target "
         "running aiocop already keeps its own)",
     )
+    attach.add_argument(
+        "--hang-after-ms",
+        type=_hang_after,
+        metavar="MS",
+        help="report a loop stuck in one step this long as hung, with its stack, in the report and --html; 0: "
+        "off (default: 5000, or half of --seconds if less); a target running aiocop's watchdog keeps its own",
+    )
     attach.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    _add_picture_files(attach)
     attach.add_argument(
         "--fail-on",
         choices=LEVELS,
@@ -315,7 +344,11 @@ def session(argv: Sequence[str] | None = None) -> Generator[Program, int, int]:
         return EXIT_USAGE
     if argv[0] == "attach":
         settings = parser.parse_args(argv)
-        _check_output(attach_parser(), "--json", settings.json)
+        for flag in ("--json", *_report_files.FLAGS):
+            path = getattr(settings, flag[2:])
+            _check_output(attach_parser(), flag, path)
+            if path is not None and (planted := _report_files.planted_problem(flag, path)) is not None:
+                _usage_error(attach_parser(), planted)
         # Imported for this command only: `run` never loads attach, nor reads its environment.
         from aiocop import _attach  # noqa: PLC0415
 
@@ -325,7 +358,15 @@ def session(argv: Sequence[str] | None = None) -> Generator[Program, int, int]:
             print(f"aiocop attach: {problem}", file=sys.stderr)
             return EXIT_USAGE
         return _attach.main(
-            settings.pid, settings.seconds, settings.threshold_ms, settings.json, settings.fail_on, settings.top
+            settings.pid,
+            settings.seconds,
+            settings.threshold_ms,
+            settings.json,
+            settings.fail_on,
+            settings.top,
+            settings.hang_after_ms,
+            {flag: getattr(settings, flag[2:]) for flag in _report_files.FLAGS},
+            f"{PROG} {shlex.join(argv)}",
         )
     if argv[0] != "run":
         parser.parse_args(argv)  # --help, --version, or an error naming the bad command
@@ -372,6 +413,7 @@ class Resolved:
     app_paths: tuple[str, ...]
     library_paths: tuple[str, ...]
     baseline: frozenset[tuple[str, str]] | None
+    hang_after_ms: float | None = DEFAULT_HANG_AFTER_MS  # None: off
 
 
 def _resolve(settings: argparse.Namespace, parser: argparse.ArgumentParser) -> Resolved:
@@ -404,7 +446,14 @@ def _resolve(settings: argparse.Namespace, parser: argparse.ArgumentParser) -> R
         app_paths=(*project.app_paths, *(os.path.abspath(p) for p in settings.app_path)),
         library_paths=(*project.library_paths, *(os.path.abspath(p) for p in settings.library_path)),
         baseline=baseline,
+        hang_after_ms=_pick_hang_after(settings.hang_after_ms, project.hang_after_ms),
     )
+
+
+def _pick_hang_after(flag: float | None, table: float | None) -> float | None:
+    """The flag, else the table, else the default; 0 (either) is off: None."""
+    chosen = flag if flag is not None else table if table is not None else DEFAULT_HANG_AFTER_MS
+    return chosen or None
 
 
 def _module_exists(name: str) -> bool:
@@ -464,7 +513,7 @@ def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> 
         aiocop.register_slow_task_callback(collector)
     else:
         aiocop.detect_slow_tasks(
-            threshold_ms=resolved.threshold_ms, on_slow_task=collector, hang_after_ms=settings.hang_after_ms
+            threshold_ms=resolved.threshold_ms, on_slow_task=collector, hang_after_ms=resolved.hang_after_ms
         )
     set_app_paths(resolved.app_paths, resolved.library_paths)
     for rule in resolved.allow:

@@ -3,6 +3,7 @@
 ```toml
 [tool.aiocop]
 threshold_ms = 50                       # a step holding its loop this long is a stall
+hang_after_ms = 10000                   # a step still running this long is reported as it hangs (0: off)
 trace_depth = 20                        # frames kept per blocking call
 fail_on = "medium"                      # the impact that fails a CLI run or a test
 app_paths = ["src/"]                    # the application's own code, even if installed
@@ -49,6 +50,8 @@ ENV_VAR = "AIOCOP_CONFIG"
 LEVELS = ("low", "medium", "high")
 # A stall threshold above an hour is a mistake (and would overflow the watchdog's timeouts).
 MAX_THRESHOLD_MS = 3_600_000.0
+# A step still running after a day is reported by then: a longer wait is a mistake (hang_after_ms).
+MAX_HANG_AFTER_MS = 86_400_000.0
 ALLOW_KEYS = ("module", "path", "call_site", "everything")
 
 
@@ -71,6 +74,9 @@ class ProjectConfig:
         allow_lines: The rules as written, for reports.
         baseline: The baseline file (absolute): call sites known to block, which fail nothing.
         sample_rate: The share of requests the ASGI middleware watches.
+        hang_after_ms: A step still running this long is reported while it
+            hangs, wherever the stall watchdog runs; `0.0`: hangs are
+            reported only when they end.
 
     Added in 2.0.
     """
@@ -85,6 +91,7 @@ class ProjectConfig:
     allow_lines: tuple[str, ...] = ()
     baseline: str | None = None
     sample_rate: float | None = None
+    hang_after_ms: float | None = None
 
 
 # A pyproject.toml this large is not a project's: refused rather than parsed.
@@ -227,6 +234,16 @@ def parse_table(table: object, source: str) -> ProjectConfig:
 
 def _threshold(where: str, value: object, _root: str) -> float:
     return _number(where, value, "milliseconds", 0, MAX_THRESHOLD_MS)
+
+
+def _hang_after(where: str, value: object, _root: str) -> float:
+    # 0 turns hang reports off (TOML has no null): said in the message.
+    if value == 0 and not isinstance(value, bool):
+        return 0.0
+    try:
+        return _number(where, value, "milliseconds", 0, MAX_HANG_AFTER_MS)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (0: off; at most a day)") from None
 
 
 def _sample_rate(where: str, value: object, _root: str) -> float:
@@ -380,6 +397,7 @@ def make_rule(events: list[Any] | tuple[Any, ...], fields: dict[str, Any], root:
 # Each key of the table and what checks it, in the order the docs list them.
 _PARSERS: dict[str, Callable[[str, object, str], object]] = {
     "threshold_ms": _threshold,
+    "hang_after_ms": _hang_after,
     "trace_depth": _trace_depth,
     "fail_on": _level,
     "app_paths": _paths,

@@ -18,6 +18,7 @@ from aiocop._baseline import read as read_baseline
 from aiocop._config import (
     ALLOW_KEYS,
     LEVELS,
+    MAX_HANG_AFTER_MS,
     MAX_THRESHOLD_MS,
     ConfigError,
     ProjectConfig,
@@ -35,6 +36,7 @@ DEFAULTS: dict[str, Any] = {
     "aiocop_fail_on": "low",
     "aiocop_threshold_ms": 0,
     "aiocop_trace_depth": DEFAULT_TRACE_DEPTH,
+    "aiocop_hang_after_ms": 5000,
 }
 __all__ = [
     "ALLOW_KEYS",
@@ -82,9 +84,12 @@ class Settings:
     write_baseline: str | None = None  # record the session's call sites here instead of failing tests
     html: str | None = None  # write the session's HTML report here
     config_source: str | None = None  # the pyproject.toml whose [tool.aiocop] was read
+    hang_after_ms: float | None = 5000.0  # with the watchdog (threshold_ms): hangs reported as they hang; None: off
 
     def header(self) -> str:
         threshold = "off" if self.threshold_ms is None else f"{self.threshold_ms:g}"
+        if self.threshold_ms is not None:  # hangs are the watchdog's: said only where it runs
+            threshold += f", hang_after_ms={'off' if self.hang_after_ms is None else f'{self.hang_after_ms:g}'}"
         allow = "; ".join(self.allow_lines) if self.allow_lines else "none"
         line = (
             f"aiocop: fail_on={self.fail_on}, threshold_ms={threshold}, trace_depth={self.trace_depth}, "
@@ -129,6 +134,13 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="MS",
         help="also fail a test whose loop was stuck in one step this long, whatever the cause "
         "(CPU-bound code, C extensions); default 0: off (ini: aiocop_threshold_ms)",
+    )
+    group.addoption(
+        "--aiocop-hang-after-ms",
+        dest="aiocop_hang_after_ms",
+        metavar="MS",
+        help="with --aiocop-threshold-ms: a test's loop still stuck in one step this long is reported into the "
+        "test's output while it hangs (default 5000; 0: off; ini: aiocop_hang_after_ms)",
     )
     group.addoption(
         "--aiocop-trace-depth",
@@ -191,6 +203,7 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("aiocop", type="bool", default=False, help="switch the aiocop plugin on (see --aiocop)")
     parser.addini("aiocop_fail_on", type="string", default=None, help="see --aiocop-fail-on")
     parser.addini("aiocop_threshold_ms", type=_FLOAT_INI, default=None, help="see --aiocop-threshold-ms")
+    parser.addini("aiocop_hang_after_ms", type=_FLOAT_INI, default=None, help="see --aiocop-hang-after-ms")
     parser.addini("aiocop_trace_depth", type=_INT_INI, default=None, help="see --aiocop-trace-depth")
     parser.addini("aiocop_baseline", type="string", default=None, help="see --aiocop-baseline")
     parser.addini("aiocop_check_fixtures", type="bool", default=False, help="see --aiocop-check-fixtures")
@@ -242,6 +255,15 @@ def read(config: pytest.Config) -> Settings:
             f"{_source(config, 'aiocop_threshold_ms', '--aiocop-threshold-ms')}: expected a number of "
             f"milliseconds >= 0 (0: off) and at most {MAX_THRESHOLD_MS:.15g} (an hour), got {threshold!r}"
         )
+    default_hang = project.hang_after_ms if project.hang_after_ms is not None else DEFAULTS["aiocop_hang_after_ms"]
+    hang_after = _number(
+        config, "aiocop_hang_after_ms", "--aiocop-hang-after-ms", float, "a number of milliseconds", default_hang
+    )
+    if not 0 <= hang_after <= MAX_HANG_AFTER_MS:  # also rejects NaN and infinity
+        raise pytest.UsageError(
+            f"{_source(config, 'aiocop_hang_after_ms', '--aiocop-hang-after-ms')}: expected a number of "
+            f"milliseconds >= 0 (0: off) and at most {MAX_HANG_AFTER_MS:.15g} (a day), got {hang_after!r}"
+        )
     depth = _number(
         config,
         "aiocop_trace_depth",
@@ -269,6 +291,7 @@ def read(config: pytest.Config) -> Settings:
         enabled=on,
         fail_on=fail_on,
         threshold_ms=float(threshold) or None,
+        hang_after_ms=float(hang_after) or None,
         trace_depth=int(depth),
         check_fixtures=bool(_pick(config, "aiocop_check_fixtures", "aiocop_check_fixtures")),
         check_sync=bool(_pick(config, "aiocop_check_sync", "aiocop_check_sync")),

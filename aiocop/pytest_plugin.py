@@ -79,7 +79,7 @@ class _Session:
         settings = self.settings
         aiocop.start_blocking_io_detection(trace_depth=settings.trace_depth)
         if settings.threshold_ms is not None:
-            aiocop.detect_slow_tasks(threshold_ms=settings.threshold_ms)
+            aiocop.detect_slow_tasks(threshold_ms=settings.threshold_ms, hang_after_ms=settings.hang_after_ms)
         if settings.html is not None:
             from aiocop._report import Summary
             from aiocop._timeline import Timeline

@@ -41,6 +41,32 @@ async def serve(seconds: float | None) -> None:
         await asyncio.sleep(0.05)
 
 
+async def hung_in_python() -> None:
+    """A request handler stuck in an endless pure-Python loop: the loop's thread reaches safe points."""
+    print("ready", flush=True)
+    await asyncio.sleep(0)
+    n = 0
+    while n >= 0:  # ATTACH-HANG-PYTHON
+        n += 1
+
+
+async def blocked_in_c() -> None:
+    """A handler waiting for a lock another thread holds for ever: the main thread, in C, runs no Python code."""
+    import threading
+
+    lock = threading.Lock()
+    lock.acquire()  # held, and never released
+    print("ready", flush=True)
+    await asyncio.sleep(0)
+    lock.acquire()  # ATTACH-BLOCKED-IN-C
+
+
+async def idle() -> None:
+    """A loop with nothing to do, and no timer: its main thread waits in the selector until something comes."""
+    print("ready", flush=True)
+    await asyncio.Event().wait()  # ATTACH-IDLE
+
+
 # Terminal escapes a hostile target puts in what it sends back: set the window title, clear the screen, red.
 ESCAPES = "\x1b]0;owned\x07\x1b[2J\x1b[31m\u202e"
 
@@ -127,6 +153,35 @@ def answer(settings: dict[str, Any], mode: str) -> None:
         text = signed(report).replace('"seconds": 1.0', '"seconds": 1e999')
     elif mode == "no-nonce":
         text = json.dumps(report)
+    elif mode == "markup":  # a well-formed report whose every string is markup and terminal escapes
+        evil = f"</script><script>alert(1)</script>{ESCAPES}"
+        frame = [f"/srv/{evil}.py", 1, evil]
+        row["call_site"] = f"app.py:1:{evil}"
+        report["hangs"] = [
+            {
+                "elapsed_ms": 6000.0, "hang_reports": 1, "task": evil, "thread": evil, "loop": evil,
+                "culprit": evil, "call_site": evil, "context": {evil: evil}, "blocker": evil,
+                "blocker_trace": evil, "stack": [[*frame, evil]], "trace": evil, "ended_after_ms": None,
+            }
+        ]  # fmt: skip
+        call = {"event": evil, "app_site": evil, "entry_point": evil, "source": evil, "trace": evil}
+        report["timeline"] = {
+            "steps": [
+                {
+                    "id": 0, "t0": 1.0, "t1": 2.0, "elapsed_ms": 1.0, "reason": evil, "impact": "low", "site": evil,
+                    "task": evil, "thread": evil, "loop": evil, "culprit": evil, "context": {evil: evil},
+                    "rows": [0], "calls": [{**call, "frames": [frame], "app_frame": 0}],
+                    "samples": [{"count": 1, "trace": evil, "app_site": evil, "frames": [frame], "app_frame": 0}],
+                    "dropped_calls": 0,
+                }
+            ],
+            "steps_dropped": 0,
+            "duration_ms": 1000.0,
+        }  # fmt: skip
+        text = signed(report)
+    elif mode == "bad-hang":
+        report["hangs"] = [{"elapsed_ms": "forever"}]
+        text = signed(report)
     elif mode == "another-pid":
         report["pid"] = 1
         text = signed(report)
@@ -163,7 +218,14 @@ def main() -> None:
     if kind == "asleep":  # the main thread in a long C call before its loop runs: no safe point
         print("ready", flush=True)
         time.sleep(float(sys.argv[2]))
-    asyncio.run(serve(float(sys.argv[2]) if kind == "exits" else None))
+    if kind == "hung-in-python":
+        asyncio.run(hung_in_python())
+    elif kind == "blocked-in-c":
+        asyncio.run(blocked_in_c())
+    elif kind == "idle":
+        asyncio.run(idle())
+    else:
+        asyncio.run(serve(float(sys.argv[2]) if kind == "exits" else None))
 
 
 if __name__ == "__main__":

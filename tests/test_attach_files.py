@@ -281,3 +281,39 @@ def test_a_bad_start_timeout_does_not_break_run(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ran"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user (CI runs as root)")
+def test_an_output_planted_after_the_check_is_refused_by_descriptor_untouched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28: attach's --html/--json/... are opened without following a link, checked, then truncated."""
+    from aiocop import _report_files
+
+    planted = tmp_path / "report.html"
+    planted.write_text("theirs")
+    os.chown(planted, 65534, 65534)
+    monkeypatch.setattr(_report_files, "planted_problem", lambda flag, path: None)  # planted after the check
+    with pytest.raises(PermissionError, match="is a file of another user's"):
+        _report_files.open_own("--html", str(planted))
+    assert planted.read_text() == "theirs"  # not truncated
+    link = tmp_path / "link.html"
+    link.symlink_to(tmp_path / "elsewhere")
+    monkeypatch.setattr(os, "lstat", lambda path: os.stat(tmp_path))  # the link appears after the look
+    with pytest.raises(PermissionError, match="became a symbolic link while it was opened"):
+        _report_files.open_own("--html", str(link))
+    assert not (tmp_path / "elsewhere").exists()
+    monkeypatch.undo()
+    linked = tmp_path / "hardlink.html"  # a hard link to a file of root's, made where the kernel allows it
+    precious = tmp_path / "precious"
+    precious.write_text("precious")
+    os.link(precious, linked)
+    assert _report_files.planted_problem("--json", str(linked)) is not None
+    with pytest.raises(PermissionError, match="is a file with 2 links"):
+        _report_files.open_own("--json", str(linked))
+    assert precious.read_text() == "precious"
+    mine = tmp_path / "mine.html"
+    mine.symlink_to(tmp_path / "target.html")  # one's own link is followed, as `run` follows it
+    with _report_files.open_own("--html", str(mine)) as out:
+        out.write("report")
+    assert (tmp_path / "target.html").read_text() == "report"

@@ -199,3 +199,130 @@ def test_a_bad_status(document: dict[str, Any], said: str) -> None:
         status({**document, "nonce": NONCE}, NONCE)
     with pytest.raises(BadReportError, match="nonce is missing or wrong"):
         status(document, NONCE)
+
+
+# --- issue 25 and 28: the hung loops and the steps for --html -------------------------------------------------
+
+HANG: dict[str, Any] = {
+    "elapsed_ms": 2100.0,
+    "hang_reports": 2,
+    "task": "Task-1",
+    "thread": "MainThread",
+    "loop": "asyncio.unix_events._UnixSelectorEventLoop@0x7f",
+    "culprit": "running Python code",
+    "call_site": "app.py:50:spin",
+    "context": {"request_id": "r-1"},
+    "blocker": "",
+    "blocker_trace": "",
+    "stack": [["/srv/app.py", 50, "spin", "n += 1"], ["/srv/app.py", 60, "handle", ""]],
+    "trace": "app.py:50:spin <- app.py:60:handle",
+    "ended_after_ms": None,
+}
+FRAME = ["/srv/app.py", 12, "handle"]
+STEP: dict[str, Any] = {
+    "id": 0,
+    "t0": 10.0,
+    "t1": 12.5,
+    "elapsed_ms": 2.5,
+    "reason": "io_blocking",
+    "impact": "low",
+    "site": "app.py:1:f",
+    "task": None,
+    "thread": "MainThread",
+    "loop": "asyncio.unix_events._UnixSelectorEventLoop@0x7f",
+    "culprit": "",
+    "context": {},
+    "rows": [0],
+    "calls": [
+        {
+            "event": "os.stat",
+            "app_site": "app.py:1:f",
+            "entry_point": "app.py:1:f",
+            "source": "os.stat('/')",
+            "trace": "app.py:1:f",
+            "frames": [FRAME],
+            "app_frame": 0,
+        }
+    ],
+    "samples": [{"count": 3, "trace": "app.py:1:f", "app_site": "app.py:1:f", "frames": [FRAME], "app_frame": -1}],
+    "dropped_calls": 0,
+}
+TIMELINE = {"steps": [STEP], "steps_dropped": 0, "duration_ms": 1000.0}
+
+
+def test_hangs_and_steps_are_kept_and_a_hang_renders_as_run_prints_it() -> None:
+    from aiocop._attach_report import render_hangs
+
+    result = checked({**REPORT, "hangs": [HANG], "timeline": TIMELINE})
+    assert result["hangs"] == [HANG]
+    assert result["timeline"] == TIMELINE
+    text = render_hangs(result["hangs"])
+    assert text.splitlines()[:8] == [
+        "aiocop: 1 loop(s) hung during the window, 1 still hung now:",
+        "[STILL HUNG] latest report:",
+        "loop HUNG for 2.1 s (still running, report 2) in task 'Task-1' on thread 'MainThread': running Python code "
+        "at app.py:50:spin",
+        "  loop: asyncio.unix_events._UnixSelectorEventLoop@0x7f",
+        "  context: request_id='r-1'",
+        "  stack (innermost first):",
+        "    /srv/app.py:50 in spin",
+        "      n += 1",
+    ]
+    assert checked(REPORT)["hangs"] == [] and checked(REPORT)["timeline"] is None  # an older agent sends neither
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "said"),
+    [
+        (("hangs",), {}, "report.json.hangs: expected an array, got an object"),
+        (("hangs",), [HANG] * 1001, "report.json.hangs: more than 1000 items"),
+        (("hangs", 0, "stack", 0, 1), "50", "report.json.hangs[0].stack[0].line: expected a whole number from 0"),
+        (("hangs", 0, "stack", 0), ["a"], "report.json.hangs[0].stack[0]: expected [file, line, function]"),
+        (("hangs", 0, "stack"), [FRAME] * 1001, "report.json.hangs[0].stack: more than 1000 items"),
+        (("hangs", 0, "context"), {"k": 1}, "report.json.hangs[0].context['k']: expected a string"),
+        (("hangs", 0, "context"), {str(n): "" for n in range(101)}, "report.json.hangs[0].context: more than 100"),
+        (("hangs", 0, "task"), 7, "report.json.hangs[0].task: expected a string, got a number"),
+        (("hangs", 0, "elapsed_ms"), -1, "report.json.hangs[0].elapsed_ms: expected a finite number"),
+        (("hangs", 0, "ended_after_ms"), "soon", "report.json.hangs[0].ended_after_ms: expected a number"),
+        (("timeline", "steps"), None, "report.json.timeline.steps: expected an array, got null"),
+        (("timeline", "steps", 0, "rows", 0), 7, "report.json.timeline.steps[0].rows[0]: 7 is not a row of the"),
+        (("timeline", "steps", 0, "t1"), 1e13, "report.json.timeline.steps[0].t1: expected a finite"),
+        (("timeline", "steps", 0, "impact"), "<b>", "report.json.timeline.steps[0].impact: expected one of low"),
+        (("timeline", "steps", 0, "calls", 0, "app_frame"), 1, "report.json.timeline.steps[0].calls[0].app_frame:"),
+        (("timeline", "steps", 0, "samples", 0, "count"), -1, "report.json.timeline.steps[0].samples[0].count:"),
+        (("timeline", "steps"), [STEP] * 5001, "report.json.timeline.steps: more than 5000 items"),
+        (("timeline", "steps", 0, "t0"), 20.0, "report.json.timeline.steps[0]: it ends (t1) before it starts (t0)"),
+    ],
+)
+def test_a_bad_hang_or_step_is_named(path: tuple[Any, ...], value: Any, said: str) -> None:
+    document = copy.deepcopy({**REPORT, "hangs": [HANG], "timeline": TIMELINE})
+    place: Any = document
+    for key in path[:-1]:
+        place = place[key]
+    place[path[-1]] = value
+    with pytest.raises(BadReportError) as caught:
+        report(parse(json.dumps(document).encode(), "report.json", MAX_REPORT_BYTES), NONCE, PID)
+    assert str(caught.value).startswith(said), str(caught.value)
+
+
+def test_every_string_of_a_hang_and_a_step_is_made_printable() -> None:
+    from aiocop._attach_report import render_hangs
+
+    hang = copy.deepcopy(HANG)
+    hang["culprit"] = f"running{ESCAPES}\nforged line"
+    hang["stack"][0] = [f"/srv/{ESCAPES}.py", 1, ESCAPES, f"x = 1{ESCAPES}"]
+    hang["context"] = {ESCAPES: ESCAPES}
+    step = copy.deepcopy(STEP)
+    step["calls"][0]["source"] = f"</script><script>alert(1)</script>{ESCAPES}"
+    result = checked({**REPORT, "hangs": [hang], "timeline": {**TIMELINE, "steps": [step]}})
+    text = render_hangs(result["hangs"]) + json.dumps(result["timeline"], ensure_ascii=False)
+    assert not any(ch in text for ch in "\x1b\x07\x9b\u202e\u200b\u2028\ud800\x7f")
+    assert "forged line" in text and "\nforged line" not in text  # a newline cannot forge a line of the report
+
+
+def test_a_target_sending_many_hangs_does_not_fill_the_terminal() -> None:
+    from aiocop._attach_report import render_hangs
+
+    text = render_hangs(checked({**REPORT, "hangs": [HANG] * 1000})["hangs"])
+    assert text.count("[STILL HUNG]") == 20
+    assert "... 980 more hung loop(s); see --json for all" in text

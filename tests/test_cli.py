@@ -362,6 +362,14 @@ def test_a_test_suite_that_turns_warnings_into_errors_runs_under_the_cli(tmp_pat
         (("--threshold-ms", "inf"), "argument --threshold-ms: expected a positive float, got 'inf'"),
         (("--threshold-ms", "nan"), "argument --threshold-ms: expected a positive float, got 'nan'"),
         (("--threshold-ms", "1e300"), "argument --threshold-ms: expected at most 3600000, got '1e300'"),
+        # Issue 25: beyond a day, as the API refuses it (it was a traceback from detect_slow_tasks).
+        (
+            ("--hang-after-ms", "1e20"),
+            "argument --hang-after-ms: expected a number of milliseconds from 0 (off) to 86400000 (a day), got '1e20'",
+        ),
+        (("--hang-after-ms", "86400001"), "to 86400000 (a day), got '86400001'"),
+        (("--hang-after-ms", "nan"), "to 86400000 (a day), got 'nan'"),
+        (("--hang-after-ms", "-1"), "to 86400000 (a day), got '-1'"),
         (("--json", ""), "--json: expected a file name, got ''"),
         (("--write-baseline", "."), "--write-baseline: '.' is a directory, not a file"),
         (("--config", "/dev/zero"), "/dev/zero: it is a character device, not a regular file"),

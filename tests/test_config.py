@@ -70,6 +70,13 @@ def test_a_full_table_is_read_with_paths_from_its_folder(tmp_path: Path) -> None
         ("trace_depth = 0", "trace_depth: expected a whole number of frames >= 1, got 0"),
         ("fail_on = 'hihg'", "fail_on: expected one of low, medium, high, got 'hihg' (did you mean 'high'?)"),
         ("sample_rate = 1.5", "sample_rate: expected a number > 0 and <= 1 (a fraction), got 1.5"),
+        (
+            "hang_after_ms = 86400001",
+            "hang_after_ms: expected a number > 0 and <= 86400000 (milliseconds), got 86400001 (0: off; at most a day)",
+        ),
+        ("hang_after_ms = -5", "hang_after_ms: expected a number > 0 and <= 86400000 (milliseconds), got -5"),
+        ("hang_after_ms = true", "hang_after_ms: expected a number (milliseconds), got True"),
+        ("hang_after_ms = nan", "hang_after_ms: expected a number (milliseconds), got nan"),
         ("app_paths = [3]", "app_paths: expected a list of paths, got [3]"),
         ("allow = ['opn']", "allow: in rule 'opn': unknown event 'opn' in allow rule (did you mean 'open'?)"),
         (
@@ -211,6 +218,34 @@ asyncio.run(main())
 """
 
 
+def test_hang_after_ms_from_the_table_reaches_the_api_the_cli_and_pytest(
+    tmp_path: Path, configured: Collector, pytester: pytest.Pytester
+) -> None:
+    """Issue 25: `hang_after_ms` in [tool.aiocop]; 0 is off; the flags win."""
+    from aiocop import _state
+
+    aiocop.configure(pyproject(tmp_path, "threshold_ms = 40\nhang_after_ms = 300\n"))
+    assert _state.config.hang_after_ms == 300
+    aiocop.configure(pyproject(tmp_path, "threshold_ms = 40\nhang_after_ms = 0\n"))
+    assert _state.config.hang_after_ms is None
+    aiocop.configure(pyproject(tmp_path, "threshold_ms = 40\n"))
+    assert _state.config.hang_after_ms == 5000  # unset: the default, not what the table said before
+    # The CLI: a 1.2 s step is printed as a hang while it runs only if the table's 300 ms is used (not 5000).
+    (tmp_path / "prog.py").write_text(PROGRAM.format(extra="__import__('time').sleep(1.2)"))
+    pyproject(tmp_path, "hang_after_ms = 300\n")
+    result = aiocop_run("run", "prog.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "loop HUNG for" in result.stderr
+    off = aiocop_run("run", "--hang-after-ms", "0", "prog.py", cwd=tmp_path)  # the flag wins: off
+    assert off.returncode == 0, off.stderr
+    assert "HUNG" not in off.stderr
+    # pytest: the table's value in the header, where the watchdog runs (the flags' checks: test_pytest_plugin.py).
+    pytester.makepyprojecttoml("[tool.aiocop]\nhang_after_ms = 1500\n")
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--aiocop", "--aiocop-threshold-ms=50")
+    result.stdout.fnmatch_lines(["aiocop: fail_on=low, threshold_ms=50, hang_after_ms=1500, trace_depth=*"])
+
+
 def test_the_cli_takes_the_table_and_its_flags_win(tmp_path: Path) -> None:
     (tmp_path / "prog.py").write_text(PROGRAM.format(extra="os.listdir('.')"))
     pyproject(tmp_path, 'fail_on = "low"\nallow = ["os.listdir"]\n')
@@ -309,6 +344,7 @@ def test_pytest_reads_the_table_and_a_baseline_passes_known_call_sites(pytester:
 def test_the_table_the_docs_show_is_valid() -> None:
     config = load_config(EXAMPLE / "pyproject-example.toml")
     assert (config.threshold_ms, config.fail_on, config.sample_rate, len(config.allow)) == (50, "medium", 0.1, 2)
+    assert config.hang_after_ms == 10000
     assert config.baseline == str(EXAMPLE / "aiocop-baseline.json")
 
 

@@ -868,6 +868,28 @@ def test_plugin_off_changes_nothing(pytester: pytest.Pytester, args: tuple[str, 
         ),
         pytest.param(
             ("--aiocop",),
+            "aiocop_hang_after_ms = soon\n",
+            "",
+            "aiocop_hang_after_ms (ini): *'soon'",
+            id="ini-hang-after-not-a-number",
+        ),
+        pytest.param(
+            ("--aiocop", "--aiocop-hang-after-ms=1e20"),
+            "",
+            "",
+            "--aiocop-hang-after-ms: expected a number of milliseconds >= 0 (0: off) and at most 86400000 (a day), "
+            "got 1e+20",
+            id="hang-after-beyond-a-day",
+        ),
+        pytest.param(
+            ("--aiocop",),
+            "aiocop_hang_after_ms = -3\n",
+            "",
+            "aiocop_hang_after_ms (ini): expected a number of milliseconds >= 0 (0: off) and at most 86400000*",
+            id="ini-hang-after-negative",
+        ),
+        pytest.param(
+            ("--aiocop",),
             "aiocop_trace_depth = 2.5\n",
             "",
             "aiocop_trace_depth (ini): *'2.5'",
