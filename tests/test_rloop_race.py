@@ -21,6 +21,7 @@ import itertools
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -180,3 +181,70 @@ def test_a_loop_start_wakes_a_watchdog_sleeping_long(detector: Collector, monkey
     while watchdog.polls == polls:
         assert time.perf_counter() < deadline, "the loop's start did not wake the watchdog from its idle sleep"
         time.sleep(0.001)
+
+
+def _race_benchmark() -> Any:
+    spec = importlib.util.spec_from_file_location("rloop_close_race", "benchmarks/rloop_close_race.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_race_benchmarks_test_of_equal_rates() -> None:
+    same_rate_p = _race_benchmark().same_rate_p
+    assert same_rate_p(0, 1000, 0, 1000) == 1.0
+    assert same_rate_p(5, 100, 5, 100) == 1.0
+    assert same_rate_p(10, 1000, 0, 1000) == pytest.approx(2 * 0.5**10)  # all ten on one side, either side
+    # The pooled residual issue 31 started from: 250 of 11,000 runs against 201.
+    assert same_rate_p(250, 11_000, 201, 11_000) == pytest.approx(0.0237, abs=0.0005)
+    # Unequal runs: 20 of 2,000 against 10 of 1,000 is the same rate.
+    assert same_rate_p(20, 2000, 10, 1000) > 0.9
+
+
+@needs_rloop
+def test_the_race_benchmarks_modes_run_what_they_say() -> None:
+    # Its modes that take aiocop apart patch the private watchdog: each must
+    # still run (a renamed method would fail it here, not in a long measurement).
+    if sys.version_info < (3, 11):
+        pytest.skip("asyncio.Runner is 3.11+ (the case of issue 31)")
+    modes = "baseline,nowatchdog,emptylooks,slowlooks,workaround"  # (aiocop's own mode patches nothing)
+    result = run_python(
+        "import runpy; runpy.run_path('benchmarks/rloop_close_race.py', run_name='__main__')",
+        "--runs",
+        "2",
+        "--batch",
+        "2",
+        "--modes",
+        modes,
+        interpreter_args=("-W", "ignore::ResourceWarning"),
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[2:] if not line.startswith(" ")}
+    assert list(rows) == modes.split(","), result.stdout
+    assert all(row[1] == "2" for row in rows.values()), result.stdout  # two runs each
+    assert "p=" in " ".join(rows["nowatchdog"]), result.stdout
+
+
+@needs_rloop
+def test_a_race_benchmark_mode_whose_private_name_has_gone_fails_naming_it(tmp_path: Path) -> None:
+    if sys.version_info < (3, 11):
+        pytest.skip("asyncio.Runner is 3.11+ (the case of issue 31)")
+    source = Path("benchmarks/rloop_close_race.py").read_text()
+    source = source.replace('"_spawn", lambda', '"_spawned_no_more", lambda')
+    script = tmp_path / "rloop_close_race.py"
+    script.write_text(source)
+    result = run_python(
+        f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
+        "--runs",
+        "2",
+        "--batch",
+        "2",
+        "--modes",
+        "nowatchdog",
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "mode nowatchdog: its process failed" in result.stderr
+    assert "aiocop._watchdog has no _spawned_no_more any more: update this mode" in result.stderr
