@@ -179,7 +179,7 @@ class Matcher:
         if self.modules:
             hit = self.by_name.get(name)
             if hit is None:
-                hit = isinstance(name, str) and any(name == m or name.startswith(m + ".") for m in self.modules)
+                hit = _module_matches(name, self.modules)
                 _remember(self.by_name, name, hit)
             if hit:
                 return True
@@ -191,7 +191,17 @@ class Matcher:
                 _remember(self.by_file, file, hit)
             if hit:
                 return True
-        return bool(self.other) and any(rule.matches_frame(frame) for rule in self.other)
+        return bool(self.other) and _any_frame_match(self.other, frame)
+
+
+# The generator expressions of `frame_allowed`, apart: in its body, each
+# would make a closure cell at every call, matched or not.
+def _module_matches(name: object, modules: tuple[str, ...]) -> bool:
+    return isinstance(name, str) and any(name == m or name.startswith(m + ".") for m in modules)
+
+
+def _any_frame_match(rules: tuple[AllowRule, ...], frame: FrameType) -> bool:
+    return any(rule.matches_frame(frame) for rule in rules)
 
 
 _MAX_CACHED = 4096  # modules or files per matcher; templating engines make modules without end

@@ -149,6 +149,7 @@ _lstat = os.lstat
 
 # How far below the caller the walks for `inside_*` look for the user's frame.
 _MAX_BELOW = 64
+_USER, _LOOP = int(Kind.USER), int(Kind.LOOP)
 
 
 def _inside_function(rule: HarmlessRule, caller: FrameType, edge: FrameType | None) -> bool:
@@ -176,7 +177,9 @@ def _went_through(rule: HarmlessRule, caller: FrameType, edge: FrameType | None)
     hits = rule.inside_hits
     module_kinds = _frames._module_kinds
     frame: FrameType | None = caller
-    for _ in range(_MAX_BELOW):
+    left = _MAX_BELOW
+    while left:
+        left -= 1
         if frame is None or frame is edge:
             return False
         module = frame.f_globals.get("__name__")
@@ -190,7 +193,8 @@ def _went_through(rule: HarmlessRule, caller: FrameType, edge: FrameType | None)
         kind = module_kinds.get(module)
         if kind is None:
             kind = _frames.frame_kind(frame)
-        if kind == Kind.USER or (kind == Kind.LOOP and _frames.is_step_edge(frame, module)):
+        # Plain ints (an enum member is a class attribute look-up and a rich compare).
+        if kind == _USER or (kind == _LOOP and _frames.is_step_edge(frame, module)):
             return False
         frame = frame.f_back
     return False

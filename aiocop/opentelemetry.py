@@ -218,6 +218,10 @@ def _options(kwargs: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
+_identity = object.__hash__  # an object's address (rotated), unique among live objects; not audited
+_acquire, _release = _forksafe.acquire, _forksafe.release
+
+
 class _Totals:
     """A counter's totals per attribute set, kept in-process and read by an observable counter when collected.
 
@@ -231,16 +235,25 @@ class _Totals:
 
     def __init__(self) -> None:
         self._lock = _forksafe.lock()
-        self._totals: dict[int, list[Any]] = {}  # id(attributes) -> [attributes, total]
+        self._totals: dict[int, list[Any]] = {}  # _identity(attributes) -> [attributes, total]
         _every_totals.add(self)
 
     def add(self, amount: float, attributes: Attributes) -> None:
-        with self._lock:
-            entry = self._totals.get(id(attributes))
+        # On the loop's thread, at every detected call: the lock's own C
+        # methods (`with` would pass through aiocop's wrapper of the lock
+        # type), and the attribute set's address from object.__hash__, as
+        # id() gives it without id()'s audit event.
+        key = _identity(attributes)
+        lock = self._lock
+        _acquire(lock)
+        try:
+            entry = self._totals.get(key)
             if entry is None:
-                self._totals[id(attributes)] = [attributes, amount]
+                self._totals[key] = [attributes, amount]
             else:
                 entry[1] += amount
+        finally:
+            _release(lock)
 
     def observe(self, options: metrics.CallbackOptions) -> list[metrics.Observation]:
         with self._lock:
