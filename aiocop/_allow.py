@@ -344,29 +344,32 @@ class allow_blocking(ContextVarScope[tuple[AllowRule, ...]]):  # noqa: N801 - re
                 "events must be event names, not a function: decorate with @aiocop.allow_blocking(), "
                 "not @aiocop.allow_blocking"
             )
-        super().__init__(scoped_rules)
+        self._var = scoped_rules  # ContextVarScope.__init__, inline
         # A scope is often made where it is entered (`with allow_blocking(...)`
         # in a handler): its rule is built and checked once per content, not
         # at every entry. The key is what was passed; `everything` only as a
         # real bool (0 == False would otherwise skip its check).
         key: object = (events, module, path, call_site, everything)
-        rule = None
+        spec = None
         if everything is False or everything is True:
             try:
-                rule = _scope_rules.get(key)
+                spec = _scope_rules.get(key)
             except TypeError:  # an unhashable argument: the checks below say what is wrong with it
                 key = None
         else:
             key = None
         # A cached rule still stands only while its events are detected ones.
-        if rule is None or not (not rule.events or _KNOWN.keys() >= rule.events):
-            rule = self._build(events, module, path, call_site, everything)
+        if spec is None or not (not spec.rule.events or _KNOWN.keys() >= spec.rule.events):
+            spec = _Spec(self._build(events, module, path, call_site, everything))
             if key is not None:
                 if len(_scope_rules) >= _MAX_CACHED:
                     _scope_rules.clear()
-                _scope_rules[key] = rule
-        self.rule = rule
-        self._key = key
+                _scope_rules[key] = spec
+        self.rule = spec.rule
+        # What the enclosing scopes' cache knows this scope's content by: the
+        # kept spec, hashed by identity (the content tuple would be hashed
+        # again at every entry), or None when the content is not cacheable.
+        self._key: _Spec | None = spec if key is not None else None
 
     @staticmethod
     def _build(
@@ -397,6 +400,17 @@ class allow_blocking(ContextVarScope[tuple[AllowRule, ...]]):  # noqa: N801 - re
 
 # The live table of detected events: one dict, mutated in place, never rebound.
 _KNOWN = live_weights()
+
+
+class _Spec:
+    """An `allow_blocking` content's checked rule, kept per content; hashed by identity."""
+
+    __slots__ = ("rule",)
+
+    def __init__(self, rule: AllowRule) -> None:
+        self.rule = rule
+
+
 # allow_blocking's arguments -> its checked rule (see allow_blocking.__init__).
-_scope_rules: dict[object, AllowRule] = {}
+_scope_rules: dict[object, _Spec] = {}
 _MAX_CHILDREN = 256  # scopes of distinct content entered inside one scope before its cache starts over

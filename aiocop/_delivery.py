@@ -278,11 +278,16 @@ def step_view(event: SlowTaskEvent) -> StepView | None:
     resolve = event.__dict__.get("_resolve")
     if resolve is None:
         return None
-    _, origin, group, *_ = resolve
+    origin, group = resolve[1], resolve[2]
     elapsed_ms = _elapsed_ms(group)
-    return StepView(
-        elapsed_ms, elapsed_ms >= origin.threshold_ms, group.records, group.dropped, group.t_end, group.thread_id
+    # tuple.__new__ directly: a named tuple's own __new__ is a Python function.
+    return _new_tuple(
+        StepView,
+        (elapsed_ms, elapsed_ms >= origin.threshold_ms, group.records, group.dropped, group.t_end, group.thread_id),
     )
+
+
+_new_tuple = tuple.__new__
 
 
 _new_object = object.__new__
