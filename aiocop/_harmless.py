@@ -68,14 +68,16 @@ def any_matches(
     caller: FrameType,
     edge: FrameType | None,
     loop: AbstractEventLoop,
+    key: tuple[str, object] | None = None,
 ) -> bool:
     """Whether one of `rules` (from `rules_in_play`) matches the call in full.
 
     `caller` is the innermost frame outside aiocop; `edge` the frame that
     entered a loop written in C, if any (the walk for `inside_modules` stops
-    there, as at a Python loop's dispatch frame).
+    there, as at a Python loop's dispatch frame). `key`: the (event, caller
+    module) `rules` came from, whose rule that matches is tried first next time.
     """
-    for rule in rules:
+    for index, rule in enumerate(rules):
         # Reading f_code is an audit event of its own: only for rules that need it.
         if rule.caller_functions and caller.f_code.co_name not in rule.caller_functions:
             continue
@@ -93,8 +95,21 @@ def any_matches(
             continue
         if rule.debug_loop_only and not loop.get_debug():
             continue
+        if index and key is not None:
+            _first(key, rules, index)
         return True
     return False
+
+
+def _first(key: tuple[str, object], rules: tuple[HarmlessRule, ...], index: int) -> None:
+    # The rule that matched is tried first next time at this call's event and
+    # caller module: which rule matches does not change what is decided, only
+    # how many walks up the stack it takes (a rule that fails walks down to
+    # the user's first frame; one that matches stops at its module).
+    event, module = key
+    by_module = in_play.get(event)
+    if by_module is not None and by_module.get(module) is rules:
+        by_module[module] = (rules[index], *rules[:index], *rules[index + 1 :])
 
 
 # Modules whose import failed (not in sys.modules once the step that imported

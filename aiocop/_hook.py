@@ -400,7 +400,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
             harmless = in_play.get(name) if in_play is not None else None
             if harmless is None:
                 harmless = _harmless.rules_in_play(event, name, kind)
-            if harmless and _harmless.any_matches(harmless, args, frame, base, loop):
+            if harmless and _harmless.any_matches(harmless, args, frame, base, loop, (event, name)):
                 return None
         if allow is not None and allow.frame_allowed(frame, name):
             return None  # the rest of the walk is not needed
