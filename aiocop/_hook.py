@@ -52,6 +52,7 @@ _SUMMARIZED_TYPES = (*_BUFFER_TYPES, socket.socket)
 # Argument types never summarised, told apart by their exact type.
 _PLAIN_ARG_TYPES = frozenset({str, int, float, bool, type(None)})
 _IMPORT_EVENTS = frozenset(IMPORT_EVENTS)
+_UNSET: Any = _allow._UNSET  # the allow caches' "never compiled"
 _LOOP_BOUNDARY_EVENTS = ("sys.set_asyncgen_hook_firstiter",)
 
 
@@ -330,7 +331,12 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     frames, even beyond that depth, the clock and its step's group.
     """
     scoped = _allow.scoped_rules.get()
-    allow = _allow.matcher(event, scoped) if (_allow._global_rules or scoped) else None
+    allow: _allow.Matcher | None = None
+    if _allow._global_rules or scoped:
+        # _allow.matcher, its global cache read inline (a call costs more).
+        allow = _allow._global_matchers.get(event, _UNSET) if not scoped else _UNSET
+        if allow is _UNSET:
+            allow = _allow.matcher(event, scoped)
     if allow is not None and allow.always:
         return None  # allowed wherever it is made
     task = current_task(loop)
@@ -402,7 +408,8 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
                 harmless = _harmless.rules_in_play(event, name, kind)
             if harmless and _harmless.any_matches(harmless, args, frame, base, loop, (event, name)):
                 return None
-        if allow is not None and allow.frame_allowed(frame, name):
+        # A module the matcher knows it allows settles it without a call.
+        if allow is not None and (allow.by_name.get(name) or allow.frame_allowed(frame, name)):
             return None  # the rest of the walk is not needed
         frames.append(frame)
         kinds.append(kind)
