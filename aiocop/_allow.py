@@ -179,7 +179,7 @@ class Matcher:
         if self.modules:
             hit = self.by_name.get(name)
             if hit is None:
-                hit = isinstance(name, str) and any(name == m or name.startswith(m + ".") for m in self.modules)
+                hit = _module_matches(name, self.modules)
                 _remember(self.by_name, name, hit)
             if hit:
                 return True
@@ -191,7 +191,17 @@ class Matcher:
                 _remember(self.by_file, file, hit)
             if hit:
                 return True
-        return bool(self.other) and any(rule.matches_frame(frame) for rule in self.other)
+        return bool(self.other) and _any_frame_match(self.other, frame)
+
+
+# The generator expressions of `frame_allowed`, apart: in its body, each
+# would make a closure cell at every call, matched or not.
+def _module_matches(name: object, modules: tuple[str, ...]) -> bool:
+    return isinstance(name, str) and any(name == m or name.startswith(m + ".") for m in modules)
+
+
+def _any_frame_match(rules: tuple[AllowRule, ...], frame: FrameType) -> bool:
+    return any(rule.matches_frame(frame) for rule in rules)
 
 
 _MAX_CACHED = 4096  # modules or files per matcher; templating engines make modules without end
@@ -334,29 +344,32 @@ class allow_blocking(ContextVarScope[tuple[AllowRule, ...]]):  # noqa: N801 - re
                 "events must be event names, not a function: decorate with @aiocop.allow_blocking(), "
                 "not @aiocop.allow_blocking"
             )
-        super().__init__(scoped_rules)
+        self._var = scoped_rules  # ContextVarScope.__init__, inline
         # A scope is often made where it is entered (`with allow_blocking(...)`
         # in a handler): its rule is built and checked once per content, not
         # at every entry. The key is what was passed; `everything` only as a
         # real bool (0 == False would otherwise skip its check).
         key: object = (events, module, path, call_site, everything)
-        rule = None
+        spec = None
         if everything is False or everything is True:
             try:
-                rule = _scope_rules.get(key)
+                spec = _scope_rules.get(key)
             except TypeError:  # an unhashable argument: the checks below say what is wrong with it
                 key = None
         else:
             key = None
         # A cached rule still stands only while its events are detected ones.
-        if rule is None or not (not rule.events or _KNOWN.keys() >= rule.events):
-            rule = self._build(events, module, path, call_site, everything)
+        if spec is None or not (not spec.rule.events or _KNOWN.keys() >= spec.rule.events):
+            spec = _Spec(self._build(events, module, path, call_site, everything))
             if key is not None:
                 if len(_scope_rules) >= _MAX_CACHED:
                     _scope_rules.clear()
-                _scope_rules[key] = rule
-        self.rule = rule
-        self._key = key
+                _scope_rules[key] = spec
+        self.rule = spec.rule
+        # What the enclosing scopes' cache knows this scope's content by: the
+        # kept spec, hashed by identity (the content tuple would be hashed
+        # again at every entry), or None when the content is not cacheable.
+        self._key: _Spec | None = spec if key is not None else None
 
     @staticmethod
     def _build(
@@ -387,6 +400,17 @@ class allow_blocking(ContextVarScope[tuple[AllowRule, ...]]):  # noqa: N801 - re
 
 # The live table of detected events: one dict, mutated in place, never rebound.
 _KNOWN = live_weights()
+
+
+class _Spec:
+    """An `allow_blocking` content's checked rule, kept per content; hashed by identity."""
+
+    __slots__ = ("rule",)
+
+    def __init__(self, rule: AllowRule) -> None:
+        self.rule = rule
+
+
 # allow_blocking's arguments -> its checked rule (see allow_blocking.__init__).
-_scope_rules: dict[object, AllowRule] = {}
+_scope_rules: dict[object, _Spec] = {}
 _MAX_CHILDREN = 256  # scopes of distinct content entered inside one scope before its cache starts over

@@ -228,14 +228,17 @@ def capture_context() -> dict[str, Any]:
 
 def invoke_callbacks(event: SlowTaskEvent) -> None:
     interrupted: KeyboardInterrupt | None = None
+    start = perf_counter()  # one clock read per callback: each one's end is the next one's start
     for callback in _listeners:
-        start = perf_counter()
         try:
             callback(event)
         except BaseException as error:
             interrupted = _contain(error, callback, "slow-task callback") or interrupted
-        elapsed_ms = (perf_counter() - start) * 1000.0
+        end = perf_counter()
+        elapsed_ms = (end - start) * 1000.0
+        start = end
         if elapsed_ms >= _state.config.threshold_ms:
             _warn_slow(callback, "slow-task callback", elapsed_ms)
+            start = perf_counter()  # the warning's logging is not the next callback's time
     if interrupted is not None:
         raise interrupted

@@ -278,11 +278,16 @@ def step_view(event: SlowTaskEvent) -> StepView | None:
     resolve = event.__dict__.get("_resolve")
     if resolve is None:
         return None
-    _, origin, group, *_ = resolve
+    origin, group = resolve[1], resolve[2]
     elapsed_ms = _elapsed_ms(group)
-    return StepView(
-        elapsed_ms, elapsed_ms >= origin.threshold_ms, group.records, group.dropped, group.t_end, group.thread_id
+    # tuple.__new__ directly: a named tuple's own __new__ is a Python function.
+    return _new_tuple(
+        StepView,
+        (elapsed_ms, elapsed_ms >= origin.threshold_ms, group.records, group.dropped, group.t_end, group.thread_id),
     )
+
+
+_new_tuple = tuple.__new__
 
 
 _new_object = object.__new__
@@ -331,13 +336,17 @@ def _deliver(group: StepGroup, origin: _Origin) -> None:
         return  # reset_blocking_events() emptied it
     task = group.task
     try:
-        _harmless.note_failed_imports(group.records)
-        event = _lazy_event(
-            origin,
-            group,
-            group.provided if group.provided is not None else _provided_now(),
-            task.get_name() if task is not None else None,
-            "io_blocking",
+        if group.imports:
+            _harmless.note_failed_imports(group.records)
+        provided = group.provided
+        if provided is None and _callbacks._providers:
+            provided = _callbacks.capture_context()  # providers registered after the step's first call
+        # _lazy_event, inline (once per step, on the loop's thread).
+        event = _new_object(SlowTaskEvent)
+        _set_attribute(
+            event,
+            "_resolve",
+            (_step_fields, origin, group, provided, task.get_name() if task is not None else None, "io_blocking"),
         )
     except Exception:
         _hook._internal_error("delivering an event")
@@ -348,12 +357,6 @@ def _deliver(group: StepGroup, origin: _Origin) -> None:
         group.task = group.key = group.ident = group.loop = None
         group.context = _NO_CONTEXT
     _callbacks.invoke_callbacks(event)
-
-
-def _provided_now() -> dict[str, Any] | None:
-    # Providers registered after the step's first blocking call: run now, in
-    # (a copy of) the step's context.
-    return _callbacks.capture_context() if _callbacks._providers else None
 
 
 def flush(batch: list[StepGroup]) -> None:
@@ -392,22 +395,50 @@ def _flush(batch: list[StepGroup], state: Any) -> None:
 def _claim(batch: list[StepGroup]) -> list[StepGroup]:
     """The groups of `batch` this delivery takes (`_hook.claim`), with the watchdog's stalls."""
     take = _hook.unclaimed.pop
-    if not _loops.watches:
+    watches = _loops.watches
+    if not watches:
         # No watchdog: nobody hands stalls over, claiming alone decides.
         return [group for group in batch if take(group, None) is not None]
     claimed = []
+    # A batch is one loop's, run on its thread: one watch for all its groups.
+    watch = watches.get(batch[0].thread_id)
     # Claiming and taking the watchdog's stall under one lock: the watchdog
     # either finds a group unclaimed (and hands it the stall) or sees it
-    # taken, never the moment in between. One lock round per batch.
-    with _watchdog.merge_lock:
+    # taken, never the moment in between. One lock round per batch, taken
+    # with the lock's C method (`with` would go through aiocop's wrapper).
+    lock = _watchdog.merge_lock
+    _acquire(lock)
+    try:
         for group in batch:
             if take(group, None) is not None:
-                _take_stall(group)
+                if watch is not None:
+                    _take_stall_of(group, watch)
                 claimed.append(group)
+        if watch is not None and claimed:
+            # The watchdog reads the last io event delivered (under this
+            # lock): the batch's last step, whose end is the latest.
+            last = claimed[-1]
+            stall = last.stall
+            watch.delivered(last.ident, last.t_first if stall is None else min(last.t_first, stall.start), last.t_end)
+    finally:
+        _release(lock)
     return claimed
 
 
+_acquire, _release = _forksafe.acquire, _forksafe.release
+
+
 def _take_stall(group: StepGroup) -> None:
+    """`group`'s share of the watchdog's view of its step, as a delivery takes it (under merge_lock)."""
+    watch = _loops.watches.get(group.thread_id)
+    if watch is None:
+        return
+    _take_stall_of(group, watch)
+    stall = group.stall
+    watch.delivered(group.ident, group.t_first if stall is None else min(group.t_first, stall.start), group.t_end)
+
+
+def _take_stall_of(group: StepGroup, watch: LoopWatch) -> None:
     # Under merge_lock. If the watchdog is watching this very step stall, its
     # samples join this event and it will not report the stall again. If it
     # is watching another step stall, seen running after this step's first
@@ -415,9 +446,6 @@ def _take_stall(group: StepGroup) -> None:
     # thread never overlap): its event does not last into that stall (a
     # task's call followed, in the same loop iteration, by another task's
     # CPU-bound step).
-    watch = _loops.watches.get(group.thread_id)
-    if watch is None:
-        return
     step = watch.step
     if step is not None and step.stalled and not step.merged and group.stall is None:
         start = step.start()
@@ -428,8 +456,6 @@ def _take_stall(group: StepGroup) -> None:
             group.t_end = max(group.t_first, min(group.t_end, start))
     if group.stall is not None:
         group.stall.release()  # the io event knows its task: keep no frame, task or context alive
-    start = group.t_first if group.stall is None else min(group.t_first, group.stall.start)
-    watch.delivered(group.ident, start, group.t_end)
 
 
 def _attach_to_io(watch: LoopWatch, stall: Stall) -> bool:
@@ -740,8 +766,12 @@ _worker = _Worker()
 def _claim_all(groups: list[StepGroup]) -> list[StepGroup]:
     # Under merge_lock, as every claim: the watchdog hands a stall to an
     # unclaimed group (_attach_to_io) only while no delivery is taking it.
-    with _watchdog.merge_lock:
+    lock = _watchdog.merge_lock
+    _acquire(lock)
+    try:
         return [g for g in groups if _hook.claim(g)]
+    finally:
+        _release(lock)
 
 
 def _orphans(groups: list[StepGroup], at_boundary: bool) -> None:

@@ -68,14 +68,16 @@ def any_matches(
     caller: FrameType,
     edge: FrameType | None,
     loop: AbstractEventLoop,
+    key: tuple[str, object] | None = None,
 ) -> bool:
     """Whether one of `rules` (from `rules_in_play`) matches the call in full.
 
     `caller` is the innermost frame outside aiocop; `edge` the frame that
     entered a loop written in C, if any (the walk for `inside_modules` stops
-    there, as at a Python loop's dispatch frame).
+    there, as at a Python loop's dispatch frame). `key`: the (event, caller
+    module) `rules` came from, whose rule that matches is tried first next time.
     """
-    for rule in rules:
+    for index, rule in enumerate(rules):
         # Reading f_code is an audit event of its own: only for rules that need it.
         if rule.caller_functions and caller.f_code.co_name not in rule.caller_functions:
             continue
@@ -93,8 +95,21 @@ def any_matches(
             continue
         if rule.debug_loop_only and not loop.get_debug():
             continue
+        if index and key is not None:
+            _first(key, rules, index)
         return True
     return False
+
+
+def _first(key: tuple[str, object], rules: tuple[HarmlessRule, ...], index: int) -> None:
+    # The rule that matched is tried first next time at this call's event and
+    # caller module: which rule matches does not change what is decided, only
+    # how many walks up the stack it takes (a rule that fails walks down to
+    # the user's first frame; one that matches stops at its module).
+    event, module = key
+    by_module = in_play.get(event)
+    if by_module is not None and by_module.get(module) is rules:
+        by_module[module] = (rules[index], *rules[:index], *rules[index + 1 :])
 
 
 # Modules whose import failed (not in sys.modules once the step that imported
@@ -149,6 +164,7 @@ _lstat = os.lstat
 
 # How far below the caller the walks for `inside_*` look for the user's frame.
 _MAX_BELOW = 64
+_USER, _LOOP = int(Kind.USER), int(Kind.LOOP)
 
 
 def _inside_function(rule: HarmlessRule, caller: FrameType, edge: FrameType | None) -> bool:
@@ -176,7 +192,9 @@ def _went_through(rule: HarmlessRule, caller: FrameType, edge: FrameType | None)
     hits = rule.inside_hits
     module_kinds = _frames._module_kinds
     frame: FrameType | None = caller
-    for _ in range(_MAX_BELOW):
+    left = _MAX_BELOW
+    while left:
+        left -= 1
         if frame is None or frame is edge:
             return False
         module = frame.f_globals.get("__name__")
@@ -190,7 +208,8 @@ def _went_through(rule: HarmlessRule, caller: FrameType, edge: FrameType | None)
         kind = module_kinds.get(module)
         if kind is None:
             kind = _frames.frame_kind(frame)
-        if kind == Kind.USER or (kind == Kind.LOOP and _frames.is_step_edge(frame, module)):
+        # Plain ints (an enum member is a class attribute look-up and a rich compare).
+        if kind == _USER or (kind == _LOOP and _frames.is_step_edge(frame, module)):
             return False
         frame = frame.f_back
     return False

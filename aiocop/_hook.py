@@ -27,9 +27,10 @@ from asyncio import _get_running_loop as get_running_loop
 from contextvars import Context, copy_context
 from typing import TYPE_CHECKING, Any
 
-from aiocop import _allow, _callbacks, _frames, _harmless, _rules, _state, _wrappers
+from aiocop import _allow, _callbacks, _frames, _harmless, _loops, _rules, _state, _wrappers
 from aiocop._clock import perf_counter
 from aiocop._frames import Kind
+from aiocop._internals import IMPORT_EVENTS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -48,6 +49,10 @@ _BUFFER_TYPES = (bytes, bytearray, memoryview)
 # be kept alive until delivery, and sockets, whose state by then (closed,
 # fd=-1) says nothing of the call.
 _SUMMARIZED_TYPES = (*_BUFFER_TYPES, socket.socket)
+# Argument types never summarised, told apart by their exact type.
+_PLAIN_ARG_TYPES = frozenset({str, int, float, bool, type(None)})
+_IMPORT_EVENTS = frozenset(IMPORT_EVENTS)
+_UNSET: Any = _allow._UNSET  # the allow caches' "never compiled"
 _LOOP_BOUNDARY_EVENTS = ("sys.set_asyncgen_hook_firstiter",)
 
 
@@ -273,6 +278,7 @@ class StepGroup:
 
     dropped = 0  # blocking calls not kept: the step's buffer was full
     score = 0
+    imports = False  # a record is an import: what failed to import is noted at delivery
     t_end = 0.0  # perf_counter() when the step was seen to be over
     raised: Record | None = None  # the call raise_on_violations failed first
     stall: Any = None  # the watchdog's view of this step, if it stalled
@@ -325,7 +331,12 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     frames, even beyond that depth, the clock and its step's group.
     """
     scoped = _allow.scoped_rules.get()
-    allow = _allow.matcher(event, scoped) if (_allow._global_rules or scoped) else None
+    allow: _allow.Matcher | None = None
+    if _allow._global_rules or scoped:
+        # _allow.matcher, its global cache read inline (a call costs more).
+        allow = _allow._global_matchers.get(event, _UNSET) if not scoped else _UNSET
+        if allow is _UNSET:
+            allow = _allow.matcher(event, scoped)
     if allow is not None and allow.always:
         return None  # allowed wherever it is made
     task = current_task(loop)
@@ -395,9 +406,10 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
             harmless = in_play.get(name) if in_play is not None else None
             if harmless is None:
                 harmless = _harmless.rules_in_play(event, name, kind)
-            if harmless and _harmless.any_matches(harmless, args, frame, base, loop):
+            if harmless and _harmless.any_matches(harmless, args, frame, base, loop, (event, name)):
                 return None
-        if allow is not None and allow.frame_allowed(frame, name):
+        # A module the matcher knows it allows settles it without a call.
+        if allow is not None and (allow.by_name.get(name) or allow.frame_allowed(frame, name)):
             return None  # the rest of the walk is not needed
         frames.append(frame)
         kinds.append(kind)
@@ -422,21 +434,30 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     app: tuple[CodeType, int] | None = None
     trigger: tuple[CodeType, int] | None = None  # an import's first user frame from `importer` out
     depth = _state.config.trace_depth
-    for index, (frame, frame_kind) in enumerate(zip(frames, kinds, strict=True)):
+    app_modules = _frames._app_modules
+    # One pass by index (no enumerate(zip(...)) to build and tear down): while
+    # under `depth`, every frame joins the trace, so len(trace) == index.
+    for index in range(len(frames)):
+        frame = frames[index]
         pair: tuple[CodeType, int] | None = None
-        if len(trace) < depth:
+        if index < depth:
             pair = (frame.f_code, frame.f_lasti)
             trace.append(pair)
         elif site is not None and app is not None:
             break
-        if not frame_kind:
+        if not kinds[index]:
             if site is None:
                 site = pair = pair or (frame.f_code, frame.f_lasti)
             if index >= importer:
                 if trigger is None:
                     trigger = pair = pair or (frame.f_code, frame.f_lasti)
-                if app is None and _frames.is_app(frame):
-                    app = pair or (frame.f_code, frame.f_lasti)
+                if app is None:
+                    # _frames.is_app, its cache read inline (a call costs more).
+                    in_app = app_modules.get(frame.f_globals.get("__name__"))
+                    if in_app is None:
+                        in_app = _frames.is_app(frame)
+                    if in_app:
+                        app = pair or (frame.f_code, frame.f_lasti)
     if app is None and importer:
         # A library's import chain with no application frame (a server
         # importing its protocol modules at start-up): the line that started
@@ -473,16 +494,22 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
             _schedule(group, loop, state)
         if register_loop is not None:
             # A loop the watchdog may not know (one that sets no asyncgen hooks,
-            # or bound them before aiocop wrapped them), with its edge.
-            register_loop(loop, state.base_frame)
+            # or bound them before aiocop wrapped them), with its edge. Known
+            # nearly always: that check is made here (a call costs more).
+            watch = _loops.watches.get(state.thread_id)
+            if watch is None or watch.loop_ref() is not loop:
+                register_loop(loop, state.base_frame)
     record: Record | None = None
     if len(group.records) < _state.config.max_events_per_step:
         for arg in args:
-            if isinstance(arg, _SUMMARIZED_TYPES):
+            # A path or a number (nearly every call) settles by its exact type.
+            if type(arg) not in _PLAIN_ARG_TYPES and isinstance(arg, _SUMMARIZED_TYPES):
                 args = _summarize(args)
                 break
         record = (event, args, trace, site, now, weight, app)
         group.records.append(record)
+        if event in _IMPORT_EVENTS:
+            group.imports = True  # what it failed to import is noted at delivery
     else:
         group.dropped += 1
     group.score += weight

@@ -81,10 +81,11 @@ class LoopWatch:
         self.beat_posted = 0.0  # perf_counter() of the heartbeat in flight, or 0
         self.beat_done = 0.0  # when the last heartbeat ran on the loop
         self.last_io: tuple[float, float] = (0.0, 0.0)  # window of the last io event delivered
-        # and the id() of its step (`_watchdog.step_of`): not the frame itself,
-        # which would keep its locals (the task) alive. An id can be reused
-        # once the frame has gone, but only by a step that began after that
-        # delivery, which the window tells apart.
+        # and the hash() of its step (`_watchdog.step_of`, a frame, whose hash
+        # is its address, as id() would give without id()'s audit event): not
+        # the frame itself, which would keep its locals (the task) alive. An
+        # address can be reused once the frame has gone, but only by a step
+        # that began after that delivery, which the window tells apart.
         self.last_io_ident = 0
         self.idle_t = 0.0  # last poll that saw the loop idle, and its CPU clock then
         self.idle_cpu: float | None = None
@@ -105,7 +106,7 @@ class LoopWatch:
         before the delivery) is not reported again.
         """
         self.last_io = (start, end)
-        self.last_io_ident = id(ident)
+        self.last_io_ident = hash(ident)  # not id(): an audit event (issue 26)
 
     def cpu_time(self) -> float | None:
         if self.cpu_clock is None:

@@ -674,7 +674,7 @@ class Watchdog:
         watch = stall.watch
         with merge_lock:
             io_start, io_end = watch.last_io
-            if watch.last_io_ident == id(stall.ident) and io_start <= stall.end and io_end >= stall.middle():
+            if watch.last_io_ident == hash(stall.ident) and io_start <= stall.end and io_end >= stall.middle():
                 return  # its io event was delivered already (this look began before): one report per stall
             if attach_to_io is not None and attach_to_io(watch, stall):
                 return

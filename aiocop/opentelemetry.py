@@ -54,7 +54,7 @@ from aiocop._clock import perf_counter
 from aiocop._delivery import record_call, record_site, step_view
 from aiocop._events import is_hang_report
 from aiocop._probe import DelayProbe
-from aiocop._severity import get_severity_level_from_score
+from aiocop._severity import THRESHOLD_HIGH, THRESHOLD_MEDIUM, get_severity_level_from_score
 from aiocop._sites import FILE, FUNCTION, LINE, OTHER, Attributes, RateLimit, SiteTable
 from aiocop._validate import check_bool, check_int, check_ms, check_number, did_you_mean
 from aiocop._version import __version__
@@ -218,6 +218,10 @@ def _options(kwargs: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
+_identity = object.__hash__  # an object's address (rotated), unique among live objects; not audited
+_acquire, _release = _forksafe.acquire, _forksafe.release
+
+
 class _Totals:
     """A counter's totals per attribute set, kept in-process and read by an observable counter when collected.
 
@@ -231,16 +235,25 @@ class _Totals:
 
     def __init__(self) -> None:
         self._lock = _forksafe.lock()
-        self._totals: dict[int, list[Any]] = {}  # id(attributes) -> [attributes, total]
+        self._totals: dict[int, list[Any]] = {}  # _identity(attributes) -> [attributes, total]
         _every_totals.add(self)
 
     def add(self, amount: float, attributes: Attributes) -> None:
-        with self._lock:
-            entry = self._totals.get(id(attributes))
+        # On the loop's thread, at every detected call: the lock's own C
+        # methods (`with` would pass through aiocop's wrapper of the lock
+        # type), and the attribute set's address from object.__hash__, as
+        # id() gives it without id()'s audit event.
+        key = _identity(attributes)
+        lock = self._lock
+        _acquire(lock)
+        try:
+            entry = self._totals.get(key)
             if entry is None:
-                self._totals[id(attributes)] = [attributes, amount]
+                self._totals[key] = [attributes, amount]
             else:
                 entry[1] += amount
+        finally:
+            _release(lock)
 
     def observe(self, options: metrics.CallbackOptions) -> list[metrics.Observation]:
         with self._lock:
@@ -364,7 +377,8 @@ class _Recorder:
             self.failed(error, "recording a blocking call or stall")
 
     def _record(self, event: SlowTaskEvent) -> None:
-        if is_hang_report(event):
+        fields = event.__dict__
+        if "_resolve" not in fields and is_hang_report(event):  # a lazy event is never a hang report
             # A hang report (from aiocop's hang-report thread): the step's
             # time is counted by its final event, if it ends.
             if event.hang_reports == 1:
@@ -373,9 +387,16 @@ class _Recorder:
         view = step_view(event)
         if view is not None:  # nobody has read the event: its calls as recorded, nothing formatted
             elapsed_ms, exceeded = view.elapsed_ms, view.exceeded_threshold
+            site = None
+            calls, with_extra = self.calls, self.sites.with_extra
             for record in view.records:
-                self._count_call(record[0], record_site(record), record[5])
-            site = record_site(view.records[0]) if view.records else None
+                # _count_call, inline (once per detected call, on the loop's thread).
+                record_at = record_site(record)
+                if site is None:
+                    site = record_at  # the step's line: its first call's
+                weight = record[5]
+                level = "high" if weight >= THRESHOLD_HIGH else "medium" if weight >= THRESHOLD_MEDIUM else "low"
+                calls.add(1, with_extra(record_at, (("aiocop.event", record[0]), ("aiocop.severity", level))))
             dropped, end, thread_id = view.dropped, view.end, view.thread_id
         else:
             elapsed_ms, exceeded = event.elapsed_ms, event.exceeded_threshold

@@ -342,6 +342,38 @@ DOCS_START = "<!-- instructions: written by `instructions.py --docs`, do not edi
 DOCS_END = "<!-- end of instructions -->"
 
 
+def _set_up_aiocop1(loop: asyncio.AbstractEventLoop, counted: list[int]) -> None:
+    # aiocop 1.2.1 from PyPI (its directory first on PYTHONPATH, see
+    # --with-aiocop1), set up as its README says; detect_slow_tasks() patches
+    # the loop it is called in.
+    import aiocop
+
+    if not aiocop.__version__.startswith("1."):
+        sys.exit(f"mode aiocop1 imported aiocop {aiocop.__version__} from {aiocop.__file__}, not 1.x")
+    aiocop.patch_audit_functions()
+    aiocop.start_blocking_io_detection(trace_depth=5)
+
+    async def set_up() -> None:
+        aiocop.detect_slow_tasks(
+            threshold_ms=WATCHDOG_THRESHOLD_MS,
+            on_slow_task=lambda event: counted.__setitem__(0, counted[0] + 1),
+            cpu_sampling=False,
+        )
+        aiocop.activate()
+
+    loop.run_until_complete(set_up())
+
+
+def _check_delivered(mode: str, loop_name: str, scenario: str, delivered: int, calls: int, ours: bool) -> None:
+    if mode == "aiocop1":
+        # 1.x reports what it sees; the table leaves out a scenario it missed events of.
+        print(f"delivered {scenario} {delivered} of {calls if scenario not in SILENT else 0}")
+        return
+    expected = calls if ours and scenario not in SILENT | {"allow_scope"} else 0
+    if delivered != expected:
+        sys.exit(f"{mode}/{scenario} on {loop_name}: {delivered} events delivered, expected {expected}")
+
+
 def table_child(mode: str, loop_name: str, tasks: int, scenarios: list[str]) -> None:
     global CAUGHT, SCOPE
     counted = [0]
@@ -376,7 +408,7 @@ def table_child(mode: str, loop_name: str, tasks: int, scenarios: list[str]) -> 
             from aiocop.opentelemetry import AiocopInstrumentor
 
             AiocopInstrumentor().instrument(meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]))
-    elif mode != "baseline":
+    elif mode not in ("baseline", "aiocop1"):
         sys.exit(f"unknown mode {mode!r}")
 
     async def run(body: Any, count: int) -> None:
@@ -385,6 +417,8 @@ def table_child(mode: str, loop_name: str, tasks: int, scenarios: list[str]) -> 
         await asyncio.sleep(0)  # the last batch's delivery
 
     loop = asyncio.new_event_loop() if loop_name == "asyncio" else __import__(loop_name).new_event_loop()
+    if mode == "aiocop1":
+        _set_up_aiocop1(loop, counted)
     for scenario in scenarios:
         body = BODIES[scenario]
         if aiocop is None and scenario in ("allowed", "allow_scope"):
@@ -405,14 +439,16 @@ def table_child(mode: str, loop_name: str, tasks: int, scenarios: list[str]) -> 
         os.getppid()
         if rule is not None:
             aiocop.remove_allow_rule(rule)
-        expected = 3 * tasks if aiocop is not None and scenario not in SILENT | {"allow_scope"} else 0
-        if counted[0] != expected:
-            sys.exit(f"{mode}/{scenario} on {loop_name}: {counted[0]} events delivered, expected {expected}")
+        _check_delivered(mode, loop_name, scenario, counted[0], 3 * tasks, aiocop is not None)
     loop.close()
 
 
-def _regions(mode: str, loop_name: str, scenarios: list[str], tasks: int) -> dict[str, float]:
-    """Instructions per task of each scenario, loop thread only, in one valgrind process."""
+def _regions(mode: str, loop_name: str, scenarios: list[str], tasks: int, path: str | None = None) -> dict[str, float]:
+    """Instructions per task of each scenario, loop thread only, in one valgrind process.
+
+    `path`: a directory put first on PYTHONPATH (mode aiocop1: where aiocop 1.2.1 is installed). A
+    scenario whose events 1.x did not all deliver is left out of the result.
+    """
     with tempfile.TemporaryDirectory() as out:
         command = [
             "valgrind",
@@ -429,6 +465,8 @@ def _regions(mode: str, loop_name: str, scenarios: list[str], tasks: int) -> dic
             *scenarios,
         ]
         env = {**os.environ, "PYTHONHASHSEED": "0"}
+        if path is not None:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH")) if p)
         done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, cwd=out)
         if done.returncode != 0:
             sys.exit(f"valgrind run failed ({' '.join(command)}):\n{done.stderr[-3000:]}")
@@ -444,31 +482,60 @@ def _regions(mode: str, loop_name: str, scenarios: list[str], tasks: int) -> dic
             parts[int(match.group(1))] = int(totals.group(1))
     if len(parts) != 3 * len(scenarios):
         sys.exit(f"{len(parts)} callgrind dumps for {len(scenarios)} scenarios, expected {3 * len(scenarios)}")
-    return {s: (parts[3 * i + 3] - parts[3 * i + 2]) / tasks for i, s in enumerate(scenarios)}
+    missed = set()
+    for line in done.stdout.splitlines():  # mode aiocop1: what 1.x delivered
+        match = re.fullmatch(r"delivered (\w+) (\d+) of (\d+)", line)
+        if match is not None and match.group(2) != match.group(3):
+            missed.add(match.group(1))
+    return {s: (parts[3 * i + 3] - parts[3 * i + 2]) / tasks for i, s in enumerate(scenarios) if s not in missed}
 
 
-def table(loops: tuple[str, ...], blockbuster: bool, tasks: int = TABLE_TASKS) -> dict[str, dict[str, float]]:
-    """Per row key: `aiocop` (extra instructions per task) and, where compared, `blockbuster`."""
+def table(
+    loops: tuple[str, ...], blockbuster: bool, tasks: int = TABLE_TASKS, aiocop1: str | None = None
+) -> dict[str, dict[str, float]]:
+    """Per row key: `aiocop` (extra instructions per task) and, where compared, `blockbuster`, `aiocop1`.
+
+    `aiocop1`: a directory holding aiocop 1.2.1 (`pip install --no-deps --target DIR aiocop==1.2.1`);
+    its column has the call kinds 1.x reported every event of. The valgrind processes run side by
+    side, one per core: each counts its own loop thread's instructions, which sharing the machine
+    does not change.
+    """
     rows = [row for row in TABLE if row.loop in loops]
     figures: dict[str, dict[str, float]] = {row.key: {} for row in rows}
+    jobs: dict[tuple[str, str], tuple[list[str], str | None]] = {}
     for loop_name in loops:
         mine = [row for row in rows if row.loop == loop_name]
         scenarios = sorted({row.scenario for row in mine}, key=list(BODIES).index)
-        base = _regions("baseline", loop_name, scenarios, tasks)
+        jobs["baseline", loop_name] = (scenarios, None)
         for mode in ("aiocop", "otel"):
             wanted = sorted({row.scenario for row in mine if row.mode == mode}, key=list(BODIES).index)
-            if not wanted:
-                continue
-            counts = _regions(mode, loop_name, wanted, tasks)
-            for row in mine:
-                if row.mode == mode:
-                    figures[row.key]["aiocop"] = counts[row.scenario] - base[row.scenario]
+            if wanted:
+                jobs[mode, loop_name] = (wanted, None)
+        compared = [s for s in scenarios if s in BLOCKBUSTER_SCENARIOS]
         if blockbuster:
-            wanted = [s for s in scenarios if s in BLOCKBUSTER_SCENARIOS]
-            counts = _regions("blockbuster", loop_name, wanted, tasks)
-            for row in mine:
-                if row.mode == "aiocop" and row.scenario in counts:
-                    figures[row.key]["blockbuster"] = counts[row.scenario] - base[row.scenario]
+            jobs["blockbuster", loop_name] = (compared, None)
+        if aiocop1 is not None:
+            jobs["aiocop1", loop_name] = (compared, aiocop1)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+        running = {
+            job: pool.submit(_regions, job[0], job[1], wanted, tasks, path) for job, (wanted, path) in jobs.items()
+        }
+        counts = {job: future.result() for job, future in running.items()}
+    column = {"aiocop": "aiocop", "otel": "aiocop", "blockbuster": "blockbuster", "aiocop1": "aiocop1"}
+    for (mode, loop_name), measured in counts.items():
+        if mode == "baseline":
+            continue
+        base = counts["baseline", loop_name]
+        for row in rows:
+            if row.loop != loop_name or row.scenario not in measured:
+                continue
+            # aiocop's own rows by their mode; the others' columns beside the plain aiocop rows.
+            if (mode in ("aiocop", "otel") and row.mode == mode) or (
+                mode not in ("aiocop", "otel") and row.mode == "aiocop"
+            ):
+                figures[row.key][column[mode]] = measured[row.scenario] - base[row.scenario]
     return figures
 
 
@@ -504,8 +571,8 @@ def _k(value: float | None) -> str:
 
 def markdown(figures: dict[str, dict[str, float]], budgets: dict[str, dict[str, float]]) -> str:
     lines = [
-        "| scenario | loop | aiocop now | budget (CI fails above) | target | blockbuster 1.5 |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "| scenario | loop | aiocop now | budget (CI fails above) | target | blockbuster 1.5 | aiocop 1.2.1 |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in TABLE:
         if row.key not in figures:
@@ -516,7 +583,7 @@ def markdown(figures: dict[str, dict[str, float]], budgets: dict[str, dict[str, 
         target = "—" if not budget["target"] else f"≤ {budget['target'] / 1000:.1f} k"
         lines.append(
             f"| {row.label} | {row.loop} | {mark} | {budget['budget'] / 1000:.1f} k | {target} "
-            f"| {_k(got.get('blockbuster'))} |"
+            f"| {_k(got.get('blockbuster'))} | {_k(got.get('aiocop1'))} |"
         )
     return "\n".join(lines)
 
@@ -541,7 +608,12 @@ def run_table(args: argparse.Namespace) -> None:
         with open(args.from_json, encoding="utf-8") as f:
             figures = json.load(f)  # a --json run's, with blockbuster's column if it was measured
     else:
-        figures = table(loops, blockbuster=args.markdown or args.docs or args.with_blockbuster, tasks=args.tasks_table)
+        figures = table(
+            loops,
+            blockbuster=args.markdown or args.docs or args.with_blockbuster,
+            tasks=args.tasks_table,
+            aiocop1=args.with_aiocop1,
+        )
     if args.json:
         print(json.dumps(figures, indent=1, sort_keys=True))
         return
@@ -577,6 +649,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="the table's figures as JSON (for the cost guard)")
     parser.add_argument("--from-json", metavar="FILE", help="render the figures of an earlier --json run instead")
     parser.add_argument("--with-blockbuster", action="store_true", help="--json: measure blockbuster's column too")
+    parser.add_argument(
+        "--with-aiocop1",
+        metavar="DIR",
+        help="add aiocop 1.2.1's column, from DIR (pip install --no-deps --target DIR aiocop==1.2.1)",
+    )
     parser.add_argument("--table-loops", nargs="+", choices=("uvloop", "asyncio"), default=["uvloop", "asyncio"])
     parser.add_argument("--tasks-table", type=int, default=TABLE_TASKS, help=argparse.SUPPRESS)
     parser.add_argument("--table-child", nargs="+", help=argparse.SUPPRESS)

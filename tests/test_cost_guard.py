@@ -101,7 +101,7 @@ def _skip_reason() -> str | None:
     return None
 
 
-@pytest.mark.timeout(1500)  # five valgrind processes: about 2 minutes on a quiet machine, more on a busy one
+@pytest.mark.timeout(1500)  # six valgrind processes, side by side on the cores there are: minutes on a busy machine
 def test_every_scenario_within_its_instruction_budget() -> None:
     reason = _skip_reason()
     if reason is not None:
