@@ -40,6 +40,7 @@ class LoopWatch:
     """A running loop and the watchdog's view of it."""
 
     __slots__ = (
+        "armed",
         "base_frame",
         "beat_done",
         "beat_posted",
@@ -56,6 +57,8 @@ class LoopWatch:
         "step",
         "thread_id",
         "thread_name",
+        "tripped",
+        "tripwire",
     )
 
     def __init__(self, loop: AbstractEventLoop, base_frame: FrameType | None, thread_id: int | None = None) -> None:
@@ -93,6 +96,12 @@ class LoopWatch:
         # thread: the watchdog does not take it for the loop waking up.
         self.probe_cpu = 0.0
         self.probe_seen = 0.0  # probe_cpu at the watchdog's last look (owned by the watchdog)
+        # The tripwire (_tripwire.py): armed while the watchdog sleeps long,
+        # and when it last fired (perf_counter(), written by the loop's thread
+        # as the loop woke), and the profile function it installed.
+        self.armed = False
+        self.tripped = 0.0
+        self.tripwire: Callable[..., object] | None = None
 
     @property
     def loop(self) -> AbstractEventLoop | None:
@@ -206,6 +215,9 @@ def unregister(thread_id: int, *, stopping: bool = False) -> None:
             return
         watches = {k: v for k, v in watches.items() if k != thread_id}
     watch.base_frame = None  # the loop no longer runs: keep no frame (and its locals) alive
+    watch.armed = False  # a tripwire still installed on its thread removes itself at its next event
+    if stopping and watch.tripwire is not None and sys.getprofile() is watch.tripwire:
+        sys.setprofile(None)  # (this thread's own: the application's code after the loop runs unprofiled)
     if stopping:
         stopped, cpu = perf_counter(), watch.cpu_time()
         retired.append((watch, stopped, cpu))  # in case the watchdog's look, already under way, sees it after
