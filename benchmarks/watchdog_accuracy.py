@@ -20,7 +20,8 @@ CPU-bound processes alongside (a shared machine whose cores are busy).
 Loops: `asyncio`, `uvloop`, and `bound`, the stand-in for Leviathan
 (tests/bound_loop.py: a loop written in C that binds its start signals at
 import, imported here before aiocop is set up, so that aiocop is never told
-it started and finds it on its thread's stack).
+it started and finds it on its thread's stack); `leviathan` when built by
+hand (docs/how-to/loops.md), imported before set-up too.
 
     python benchmarks/watchdog_accuracy.py [--repeat 3] [--loops asyncio uvloop bound] [--busy 2] [--gaps 0 0.5 1.2]
 """
@@ -144,6 +145,8 @@ def new_loop(name: str) -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
     if name == "bound":
         return sys.modules["tests.bound_loop"].BoundLoop()  # type: ignore[no-any-return]
+    if name == "leviathan":  # built by hand: docs/how-to/loops.md
+        return sys.modules["leviathan"].Loop()  # type: ignore[no-any-return]
     return importlib.import_module(name).new_event_loop()  # type: ignore[no-any-return]
 
 

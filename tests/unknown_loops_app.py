@@ -1,7 +1,8 @@
 """The stand-in loop imported before aiocop is set up, as Leviathan often is (issue 29).
 
 Run by tests/test_unknown_loops.py in a process of its own (`python -m
-tests.unknown_loops_app RUNS`): the stand-in binds its start signals at import,
+tests.unknown_loops_app RUNS [leviathan]`; the last runs the same cases on
+Leviathan, imported first, see docs/how-to/loops.md): the stand-in binds its start signals at import,
 before aiocop wraps them, so no start of it is ever seen. Prints one JSON
 line: every event reported, and what each case did.
 
@@ -22,8 +23,16 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+if sys.argv[2:] == ["leviathan"]:
+    import leviathan  # type: ignore[import-not-found]  # (built by hand) binds its start signals now
+
+    new_loop: Any = leviathan.Loop
+else:
+    from tests import bound_loop  # the same
+
+    new_loop = bound_loop.BoundLoop
+
 import aiocop
-from tests import bound_loop  # binds the start signals as they are now, before aiocop is set up
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -47,7 +56,7 @@ async def first_work() -> None:
 
 
 def run(coro_name: str, coro: Coroutine[Any, Any, None]) -> None:
-    loop = bound_loop.BoundLoop()
+    loop = new_loop()
     try:
         task = loop.create_task(coro, name=coro_name)
         loop.run_until_complete(task)
