@@ -52,6 +52,7 @@ class LoopWatch:
         "last_io_ident",
         "loop_name",
         "loop_ref",
+        "own",
         "probe_cpu",
         "probe_seen",
         "step",
@@ -102,6 +103,7 @@ class LoopWatch:
         self.armed = False
         self.tripped = 0.0
         self.tripwire: Callable[..., object] | None = None
+        self.own = False  # the loop runs aiocop's own callback (the probe's tick): the tripwire lets it pass
 
     @property
     def loop(self) -> AbstractEventLoop | None:
@@ -189,6 +191,13 @@ def register(
         if base_frame is not None:
             current.base_frame = base_frame
         return current  # the same start, seen through a second signal
+    if current is not None:
+        # Another loop on this thread, whose stop aiocop was not told of (one
+        # found running): it stopped by now. The watchdog finishes the step
+        # it was in (a stall in its last step), as for a loop that stopped.
+        current.base_frame = None
+        current.armed = False
+        retired.append((current, perf_counter(), current.cpu_time()))
     watch = LoopWatch(loop, base_frame, thread_id)
     if starting:
         # The loop is idle at this moment. Without a look at it idle, the

@@ -11,13 +11,18 @@ As the watchdog goes to its long sleep it arms each idle loop: one callback
 (`call_soon_threadsafe`, the only call every loop takes from another thread)
 installs a profile function on the loop's own thread. The loop then waits in
 its selector and runs no Python code: the function costs nothing while the
-loop is idle. At the first event after the thread has been off its CPU (it
-slept in the selector, whatever the loop is written in) the function removes
-itself, notes the moment (the loop woke then: the step that follows began no
-earlier) and wakes the watchdog, which looks at the loop while its first step
-runs, at the rate of a busy loop. A loop that does not sleep within
-`_MAX_EVENTS` events after arming trips it too: the function is never left
-on a busy loop's thread.
+loop is idle. An event after the thread has been off its CPU (it slept in
+its selector, whatever the loop is written in) marks the moment the loop
+woke; at the first event after that in a frame that is not the loop's own
+(asyncio's, the selector's) nor aiocop's, the application's work has begun:
+the function removes itself, and wakes the watchdog, which looks at the loop
+while that step runs, at the rate of a busy loop, and times it from the
+moment the loop woke. aiocop's own callbacks on the loop (the loop-delay
+probe's tick, every half second) pass through without tripping it: taking
+the function off and putting it back for each tick cost more than the tick
+(each `sys.setprofile` makes Python 3.12+ re-instrument the code that runs
+next). A loop that runs `_MAX_EVENTS` events without sleeping trips it too:
+the function is never left on a busy loop's thread.
 
 A thread that already has a profile function (a profiler, a debugger) is
 not armed: such a loop keeps the idle looks and their window
@@ -32,7 +37,9 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
+from aiocop import _frames
 from aiocop._clock import perf_counter, thread_time
+from aiocop._frames import Kind
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -46,8 +53,10 @@ logger = logging.getLogger("aiocop")
 # selector, or waiting for the GIL as it woke): a loop iterating runs events
 # microseconds apart on its CPU.
 _OFF_CPU_S = 0.00005
-# Events after arming with no sleep: the loop is busy, not idle; trip anyway.
+# Events with no sleep in between: the loop is busy, not idle; trip anyway.
 _MAX_EVENTS = 256
+# Frames whose events are the loop's own work or aiocop's, not a step's.
+_LOOPS_OWN = (Kind.LOOP, Kind.AIOCOP)
 # What arming costs the loop's thread besides the callback itself (woken
 # from its selector, the handle run, the next wait set up), counted as the
 # loop-delay probe's ticks are (_probe._LOOP_SHARE_S): the watchdog does not
@@ -83,20 +92,35 @@ def _install(watch: LoopWatch, wake: Callable[[], None]) -> None:
     if not watch.armed or sys.getprofile() is not None:
         watch.armed = False  # disarmed meanwhile, or the thread's profile is someone else's
         return
-    # [wall clock, thread CPU clock] at the last event, and events seen.
+    # [wall clock at the last event, thread CPU clock at the last one read];
+    # when the loop woke (0: not since arming) and the events since it last
+    # slept. A CPU clock read a while back only makes the thread seem to
+    # have slept less: never a sleep seen that was not.
     last = [perf_counter(), started]
+    woke = [0.0]
     events = [0]
 
     def tripwire(frame: FrameType, event: str, arg: Any) -> None:
-        now, cpu = perf_counter(), thread_time()
-        if watch.armed and (now - last[0]) - (cpu - last[1]) < _OFF_CPU_S and events[0] < _MAX_EVENTS:
-            last[0], last[1] = now, cpu
-            events[0] += 1
+        if watch.own:  # aiocop's own callback (the probe's tick): not the loop's work
             return
+        now = perf_counter()
+        if now - last[0] >= _OFF_CPU_S:  # (the thread's CPU clock is a system call: read only then)
+            cpu = thread_time()
+            if (now - last[0]) - (cpu - last[1]) >= _OFF_CPU_S:
+                woke[0] = now
+                events[0] = 0
+            last[1] = cpu
+        last[0] = now
+        events[0] += 1
+        if watch.armed and events[0] < _MAX_EVENTS:
+            if not woke[0] or _frames.frame_kind(frame) in _LOOPS_OWN:
+                return
+            if frame.f_globals.get("__name__") == "selectors":  # (asyncio's wait, in the stdlib)
+                return
         sys.setprofile(None)
         if watch.armed:
             watch.armed = False
-            watch.tripped = now
+            watch.tripped = woke[0] or now
             try:
                 wake()
             except Exception:

@@ -65,8 +65,8 @@ def test_a_stall_as_an_unknown_loops_very_first_work_is_reported_every_time(app_
 
 
 def test_a_hang_of_an_unknown_loop_is_reported_while_it_hangs(app_run: dict[str, object]) -> None:
-    # Its first work spins until the hang report has arrived; the other waits
-    # 0.2 s (the loop idle, unseen), then for a lock held until its report.
+    # One idles 0.2 s (unseen), then spins until its hang report has arrived;
+    # the other's first work waits for a lock held until its report.
     assert app_run["released"] == {"hang-spin": True, "hang-lock": True}
     for task, marker in (("hang-spin", "HANG-SPIN"), ("hang-lock", "HANG-LOCK")):
         site = f"tests/unknown_loops_app.py:{line_of(marker)}:{task.replace('-', '_')}"

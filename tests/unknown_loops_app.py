@@ -9,9 +9,10 @@ line: every event reported, and what each case did.
 - `first`: RUNS loops, one after the other, each spinning 100 ms as its very
   first work (a task's first step), with idle gaps of 0, 0.1 and 0.55 s between them
   (the watchdog slows its looks after half a second of quiet).
-- `hang-spin`: a loop whose first work spins until its hang has been reported.
-- `hang-lock`: a loop that waits 0.2 s, then waits for a held lock until its
-  hang has been reported.
+- `hang-spin`: a loop that idles 0.2 s, then spins until its hang has been
+  reported (the loop, idle and unseen, is found as it hangs).
+- `hang-lock`: a loop whose first work waits for a held lock until its hang
+  has been reported.
 """
 
 from __future__ import annotations
@@ -83,12 +84,12 @@ def main() -> None:
     released: dict[str, bool] = {}
 
     async def hang_spin() -> None:
+        await asyncio.sleep(0.2)
         deadline = time.monotonic() + WAIT_S
         while not hung.is_set() and time.monotonic() < deadline:  # HANG-SPIN
             pass
 
     async def hang_lock(lock: threading.Lock) -> None:
-        await asyncio.sleep(0.2)
         lock.acquire()  # HANG-LOCK
         lock.release()
 
