@@ -60,6 +60,7 @@ class LoopWatch:
         "thread_name",
         "tripped",
         "tripwire",
+        "unarmable",
     )
 
     def __init__(self, loop: AbstractEventLoop, base_frame: FrameType | None, thread_id: int | None = None) -> None:
@@ -103,6 +104,7 @@ class LoopWatch:
         self.armed = False
         self.tripped = 0.0
         self.tripwire: Callable[..., object] | None = None
+        self.unarmable = False  # its thread had a profile function of its own: never armed again
         self.own = False  # the loop runs aiocop's own callback (the probe's tick): the tripwire lets it pass
 
     @property

@@ -72,7 +72,7 @@ def arm(watch: LoopWatch, wake: Callable[[], None]) -> None:
     Called by the watchdog thread as it goes to its long sleep, for a loop it
     saw idle. Idempotent while armed.
     """
-    if watch.armed:
+    if watch.armed or watch.unarmable:
         return
     loop = watch.loop
     # Only a running loop: some loops (rloop 0.5) replace their wake-up pipe
@@ -89,8 +89,14 @@ def arm(watch: LoopWatch, wake: Callable[[], None]) -> None:
 def _install(watch: LoopWatch, wake: Callable[[], None]) -> None:
     # On the loop's thread, as one of its callbacks. Never raises into the loop.
     started = thread_time()
-    if not watch.armed or sys.getprofile() is not None:
-        watch.armed = False  # disarmed meanwhile, or the thread's profile is someone else's
+    if not watch.armed:
+        return  # disarmed meanwhile
+    if sys.getprofile() is not None:
+        # The thread's profile function is someone else's (a profiler, a
+        # debugger): left alone, and not asked again (each ask wakes the loop).
+        watch.armed = False
+        watch.unarmable = True
+        watch.probe_cpu += thread_time() - started + _ARM_SHARE_S
         return
     # [wall clock at the last event, thread CPU clock at the last one read];
     # when the loop woke (0: not since arming) and the events since it last

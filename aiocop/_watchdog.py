@@ -11,7 +11,8 @@ samples join the io event of the same step.
 
 Timing without wrapping anything: a stall's start and end are bracketed by
 polls (every `busy_poll_ms` while a loop is busy, `idle_interval_ms` while all
-are idle) and refined by the loop thread's CPU clock, which for a CPU-bound
+are idle, each idle loop armed to wake the watchdog as it wakes: _tripwire)
+and refined by the loop thread's CPU clock, which for a CPU-bound
 stall gives the start and end to within the clock's resolution. On loops
 written in C, where one task's consecutive steps share a root frame, a
 heartbeat (`call_soon_threadsafe`) sent only when the same root is seen twice
@@ -50,9 +51,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("aiocop")
 
 _MAX_WALK = 256
-# How often threads not known to run a loop are looked at for one (loops that
-# set no asyncgen hooks and have not blocked yet, e.g. veloxloop); also the
-# longest a full look is skipped while every loop is quiet.
+# How often threads not known to run a loop are looked at for an idle one
+# (one that runs a step is found at any look: _discovery); also the longest
+# a full look is skipped while every loop is quiet.
 _DISCOVERY_S = 1.0
 # Polling stays at _FAST_IDLE_S this long after a loop last did anything, then
 # slows to `idle_interval_ms` (see Watchdog._next_interval).
