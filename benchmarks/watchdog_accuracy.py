@@ -79,6 +79,7 @@ class Cell:
     """The stalls of one (loop, case, gap, multiple): reported durations against true ones."""
 
     pairs: list[tuple[float, float]] = field(default_factory=list)  # (reported or NaN, true)
+    split: int = 0  # stalls reported as more than one event (the rest of the misses: none)
 
     def recall(self) -> tuple[int, int]:
         return sum(1 for r, _ in self.pairs if not math.isnan(r)), len(self.pairs)
@@ -122,7 +123,9 @@ def run_loop(
         await asyncio.sleep(0.05)  # the watchdog reports a stall just after it ends
         mine = [e for e in events[before:] if e.task_name == "stall"]
         reported = mine[0].elapsed_ms if len(mine) == 1 else math.nan
-        cells.setdefault((case, gap, multiple), Cell()).pairs.append((reported, lengths[0]))
+        cell = cells.setdefault((case, gap, multiple), Cell())
+        cell.pairs.append((reported, lengths[0]))
+        cell.split += len(mine) > 1
 
     async def main() -> None:
         for _ in range(repeat):
@@ -224,7 +227,11 @@ def report(name: str, gaps: tuple[float, ...], cells: dict[tuple[str, float, flo
         got = sum(c.recall()[0] for c in group)
         count = sum(c.recall()[1] for c in group)
         ok = sum(c.within() for c in group)
-        print(f"{name} {label}: recall {got}/{count} ({100 * got / count:.1f} %), within tolerance {ok}/{count}")
+        split = sum(c.split for c in group)
+        print(
+            f"{name} {label}: recall {got}/{count} ({100 * got / count:.1f} %), within tolerance {ok}/{count}"
+            f" (of the misses, {split} reported as two events or more, {count - got - split} not at all)"
+        )
 
 
 if __name__ == "__main__":
