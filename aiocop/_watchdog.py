@@ -591,8 +591,12 @@ class Watchdog:
         found, moved = self._finder.look(frames, others, now)
         for watch in found:
             busy |= self._poll_one(watch, frames[watch.thread_id], now, others.get(watch.thread_id))
-        if moved and _loops.unannounced_loops_possible():
-            active = True  # a loop that announces nothing may be about to start there: keep looking often
+        if moved and not watches and _loops.unannounced_loops_possible():
+            # No loop known, and one that announces nothing may be about to
+            # start there: keep looking often. (With a loop known, a busy
+            # thread of the application's would keep the watchdog from ever
+            # slowing down, and so from arming that loop's tripwire.)
+            active = True
         if now - self._last_scan > _DISCOVERY_S:
             self._last_scan = now
             _discover(frames, watches)
