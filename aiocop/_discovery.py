@@ -105,15 +105,12 @@ class Finder:
         thread = self.threads[thread_id] = _Thread(thread_id, seen)
         thread.cpu = cpu
 
-    def look(
-        self, frames: dict[int, FrameType], readings: dict[int, float | None], now: float
-    ) -> tuple[list[LoopWatch], bool]:
-        """Register the loops found stepping; returns their watches, and whether any such thread moved.
+    def look(self, frames: dict[int, FrameType], readings: dict[int, float | None], now: float) -> list[LoopWatch]:
+        """Register the loops found stepping; returns their watches.
 
         `readings`: the threads' CPU clocks at the snapshot `frames` (and `now`).
         """
         found: list[LoopWatch] = []
-        moved = False
         for thread_id, cpu in readings.items():
             thread = self.threads.get(thread_id)
             frame = frames.get(thread_id)
@@ -122,14 +119,13 @@ class Finder:
             if cpu is not None and cpu == thread.cpu:
                 thread.t = now  # no CPU since its last walk: where that walk left it
                 continue
-            moved = True
             watch = self._walk(thread_id, thread, frame, cpu)
             if watch is None:
                 thread.t, thread.cpu = now, cpu
             else:
                 del self.threads[thread_id]
                 found.append(watch)
-        return found, moved
+        return found
 
     def _walk(self, thread_id: int, thread: _Thread, frame: FrameType, cpu: float | None) -> LoopWatch | None:
         step = _step_edge(frame)

@@ -588,15 +588,13 @@ class Watchdog:
             watch.probe_seen = probe
         # Threads running no known loop: one stepping is registered now, and
         # its step looked at in this same look (timed from the thread's last look).
-        found, moved = self._finder.look(frames, others, now)
-        for watch in found:
+        # (A thread with no known loop that uses CPU is no activity: a busy
+        # thread of the application's would keep the watchdog from ever
+        # slowing down, and so from arming the known loops' tripwires. With
+        # no loop known, the quiet looks come every half threshold instead:
+        # _next_interval.)
+        for watch in self._finder.look(frames, others, now):
             busy |= self._poll_one(watch, frames[watch.thread_id], now, others.get(watch.thread_id))
-        if moved and not watches and _loops.unannounced_loops_possible():
-            # No loop known, and one that announces nothing may be about to
-            # start there: keep looking often. (With a loop known, a busy
-            # thread of the application's would keep the watchdog from ever
-            # slowing down, and so from arming that loop's tripwire.)
-            active = True
         if now - self._last_scan > _DISCOVERY_S:
             self._last_scan = now
             _discover(frames, watches)
