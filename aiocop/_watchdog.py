@@ -884,9 +884,7 @@ def _is_own(root: FrameType) -> bool:
     return root.f_globals.get("__name__") in _OWN_STEP_MODULES
 
 
-_OWN_STEP_MODULES = frozenset(
-    {"aiocop._delivery", "aiocop._callbacks", "aiocop._watchdog", "aiocop._probe", "aiocop._tripwire"}
-)
+_OWN_STEP_MODULES = frozenset({"aiocop._delivery", "aiocop._callbacks", "aiocop._watchdog", "aiocop._tripwire"})
 
 
 def _sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float, cpu: float | None) -> None:
