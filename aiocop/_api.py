@@ -158,10 +158,13 @@ def start_cpu_sampling(
             from its start).
         idle_interval_ms: Time between two looks once no loop has done
             anything for half a second (default 100 ms; while loops are active
-            the watchdog looks every 4 ms). A stall shorter than this that
-            starts right after such a quiet spell can go unseen (intercepted
-            calls are always caught); 25 ms closes that gap at about twice the
-            idle cost.
+            the watchdog looks every 4 ms). Each idle loop wakes the watchdog
+            as it wakes, so a stall after such a quiet spell is seen all the
+            same; on a loop whose thread already has a profile function (a
+            profiler, a debugger), which cannot be armed, a stall shorter than
+            this that starts right after a quiet spell can go unseen
+            (intercepted calls are always caught), and 25 ms closes that gap at
+            about twice the idle cost.
         max_samples_per_slice: Samples kept per stall.
         trace_depth: Frames kept per sample.
     """

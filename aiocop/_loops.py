@@ -40,6 +40,7 @@ class LoopWatch:
     """A running loop and the watchdog's view of it."""
 
     __slots__ = (
+        "armed",
         "base_frame",
         "beat_done",
         "beat_posted",
@@ -51,11 +52,15 @@ class LoopWatch:
         "last_io_ident",
         "loop_name",
         "loop_ref",
+        "own",
         "probe_cpu",
         "probe_seen",
         "step",
         "thread_id",
         "thread_name",
+        "tripped",
+        "tripwire",
+        "unarmable",
     )
 
     def __init__(self, loop: AbstractEventLoop, base_frame: FrameType | None, thread_id: int | None = None) -> None:
@@ -94,6 +99,14 @@ class LoopWatch:
         # thread: the watchdog does not take it for the loop waking up.
         self.probe_cpu = 0.0
         self.probe_seen = 0.0  # probe_cpu at the watchdog's last look (owned by the watchdog)
+        # The tripwire (_tripwire.py): armed while the watchdog sleeps long,
+        # and when it last fired (perf_counter(), written by the loop's thread
+        # as the loop woke), and the profile function it installed.
+        self.armed = False
+        self.tripped = 0.0
+        self.tripwire: Callable[..., object] | None = None
+        self.unarmable = False  # its thread had a profile function of its own: never armed again
+        self.own = False  # the loop runs aiocop's own callback (the probe's tick): the tripwire lets it pass
 
     @property
     def loop(self) -> AbstractEventLoop | None:
@@ -181,6 +194,13 @@ def register(
         if base_frame is not None:
             current.base_frame = base_frame
         return current  # the same start, seen through a second signal
+    if current is not None:
+        # Another loop on this thread, whose stop aiocop was not told of (one
+        # found running): it stopped by now. The watchdog finishes the step
+        # it was in (a stall in its last step), as for a loop that stopped.
+        current.base_frame = None
+        current.armed = False
+        retired.append((current, perf_counter(), current.cpu_time()))
     watch = LoopWatch(loop, base_frame, thread_id)
     if starting:
         # The loop is idle at this moment. Without a look at it idle, the
@@ -207,6 +227,9 @@ def unregister(thread_id: int, *, stopping: bool = False) -> None:
             return
         watches = {k: v for k, v in watches.items() if k != thread_id}
     watch.base_frame = None  # the loop no longer runs: keep no frame (and its locals) alive
+    watch.armed = False  # a tripwire still installed on its thread removes itself at its next event
+    if stopping and watch.tripwire is not None and sys.getprofile() is watch.tripwire:
+        sys.setprofile(None)  # (this thread's own: the application's code after the loop runs unprofiled)
     if stopping:
         stopped, cpu = perf_counter(), watch.cpu_time()
         retired.append((watch, stopped, cpu))  # in case the watchdog's look, already under way, sees it after

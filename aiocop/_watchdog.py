@@ -11,7 +11,8 @@ samples join the io event of the same step.
 
 Timing without wrapping anything: a stall's start and end are bracketed by
 polls (every `busy_poll_ms` while a loop is busy, `idle_interval_ms` while all
-are idle) and refined by the loop thread's CPU clock, which for a CPU-bound
+are idle, each idle loop armed to wake the watchdog as it wakes: _tripwire)
+and refined by the loop thread's CPU clock, which for a CPU-bound
 stall gives the start and end to within the clock's resolution. On loops
 written in C, where one task's consecutive steps share a root frame, a
 heartbeat (`call_soon_threadsafe`) sent only when the same root is seen twice
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from aiocop import _culprit, _forksafe, _frames, _hook, _loops, _state
+from aiocop import _culprit, _discovery, _forksafe, _frames, _hook, _loops, _state, _tripwire
 from aiocop._clock import monotonic, perf_counter
 from aiocop._frames import Kind
 
@@ -50,9 +51,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("aiocop")
 
 _MAX_WALK = 256
-# How often threads not known to run a loop are looked at for one (loops that
-# set no asyncgen hooks and have not blocked yet, e.g. veloxloop); also the
-# longest a full look is skipped while every loop is quiet.
+# How often threads not known to run a loop are looked at for an idle one
+# (one that runs a step is found at any look: _discovery); also the longest
+# a full look is skipped while every loop is quiet.
 _DISCOVERY_S = 1.0
 # Polling stays at _FAST_IDLE_S this long after a loop last did anything, then
 # slows to `idle_interval_ms` (see Watchdog._next_interval).
@@ -290,6 +291,10 @@ class Watchdog:
         self._leaving = False  # the thread has decided to end (no loop for _IDLE_STOP_S)
         self._idle_since = 0.0  # first look of the current spell with no loop registered (0: a loop is)
         self._started_off_main = False  # start() was called from a thread other than the main one
+        # Threads running no known loop, walked for one that steps (_discovery).
+        self._finder = _discovery.Finder()
+        # A loop's tripwire woke this thread (_tripwire): look again soon, whatever the look it woke for saw.
+        self._tripped = False
 
     @property
     def running(self) -> bool:
@@ -387,6 +392,16 @@ class Watchdog:
     def wake(self) -> None:
         """Look at the loops now (a loop started, or the watchdog is stopping)."""
         self._last_active = perf_counter()
+        with contextlib.suppress(RuntimeError):  # already released, not yet slept on again
+            self._waker.release()
+
+    def trip(self) -> None:
+        """An armed loop woke (called from its thread, by its tripwire): look at it now.
+
+        Unlike `wake`, not taken for activity: the look decides (a tick of
+        the loop-delay probe is none).
+        """
+        self._tripped = True
         with contextlib.suppress(RuntimeError):  # already released, not yet slept on again
             self._waker.release()
 
@@ -491,12 +506,15 @@ class Watchdog:
     def _next_interval(self, busy: bool, active: bool) -> float:
         now = perf_counter()
         self._sleeping_long = False
+        tripped, self._tripped = self._tripped, False
         if busy:
             self._last_active = now
             return sampling.busy_poll_ms / 1000.0
         if active:
             self._last_active = now
-        if now - self._last_active < _FAST_FOR_S:
+        if now - self._last_active < _FAST_FOR_S or tripped:
+            # Woken by a tripwire, the look may have come before the step
+            # it woke for began: one more look, soon.
             return _FAST_IDLE_S
         # Published before _last_active is read again: a loop_started() that
         # saw the short sleep (and woke nobody) wrote _last_active before,
@@ -506,9 +524,19 @@ class Watchdog:
             self._sleeping_long = False
             return _FAST_IDLE_S
         # Nothing has run for a while: look less often (each wake-up of this
-        # thread is its main cost). A stall shorter than this interval that
-        # starts and ends between two looks goes unseen (documented trade-off;
-        # the CPU clock cannot tell it from many short steps).
+        # thread is its main cost). A stall that starts and ends between two
+        # such looks would go unseen (the CPU clock cannot tell it from many
+        # short steps): each idle loop is armed to wake this thread as it
+        # wakes (_tripwire), and is looked at while its first step runs.
+        watches = _loops.watches
+        for watch in watches.values():
+            if watch.step is None:
+                _tripwire.arm(watch, self.trip)
+        if not watches and _loops.unannounced_loops_possible():
+            # No loop known, one that announces nothing may start (and cannot
+            # be armed before it is found): its first step is found by a
+            # look, at a rate bound by the threshold.
+            return min(sampling.idle_s(), _state.config.threshold_ms / 2000.0)
         return sampling.idle_s()
 
     def poll(self) -> tuple[bool, bool]:
@@ -520,7 +548,7 @@ class Watchdog:
         self._finish_retired()
         watches = _loops.watches
         now = perf_counter()
-        if now - self._last_scan < _DISCOVERY_S and _all_quiet(watches):
+        if now - self._last_scan < _DISCOVERY_S and _all_quiet(watches) and self._finder.quiet():
             return False, False
         frames = sys._current_frames()
         # The time and each loop thread's CPU clock, read with the snapshot:
@@ -540,10 +568,17 @@ class Watchdog:
         # frame of the loops' stacks at this look (and the tasks and locals
         # those hold) until the next garbage collection.
         frames.pop(threading.get_ident(), None)
+        others = self._finder.read(frames, watches, now)
         busy = active = False
         for (thread_id, watch), cpu, probe in zip(watches.items(), clocks, probes, strict=True):
             frame = frames.get(thread_id)
             if frame is None or (watch.discovered and not _still_running(watch)):
+                if frame is not None:
+                    # Its thread runs on, maybe already in the next loop's
+                    # first step: that step began after the last look that
+                    # saw this loop, and is looked for now.
+                    self._finder.adopt(thread_id, *_last_seen(watch))
+                    others[thread_id] = cpu
                 self._finish(watch, now)
                 _loops.unregister(thread_id)
                 continue
@@ -551,6 +586,15 @@ class Watchdog:
             busy |= self._poll_one(watch, frame, now, cpu)
             active |= _moved(idle_cpu, watch.idle_cpu, probe - watch.probe_seen)
             watch.probe_seen = probe
+        # Threads running no known loop: one stepping is registered now, and
+        # its step looked at in this same look (timed from the thread's last look).
+        # (A thread with no known loop that uses CPU is no activity: a busy
+        # thread of the application's would keep the watchdog from ever
+        # slowing down, and so from arming the known loops' tripwires. With
+        # no loop known, the quiet looks come every half threshold instead:
+        # _next_interval.)
+        for watch in self._finder.look(frames, others, now):
+            busy |= self._poll_one(watch, frames[watch.thread_id], now, others.get(watch.thread_id))
         if now - self._last_scan > _DISCOVERY_S:
             self._last_scan = now
             _discover(frames, watches)
@@ -587,7 +631,7 @@ class Watchdog:
             step.cpu_last = cpu
         else:
             prev, cpu_prev = _last_other(watch, step, came_back, now)
-            woke = _woke_at(ident, prev, now) if step is None else 0.0
+            woke = _woke_at(ident, prev, now) or _tripped_at(watch, prev, now) if step is None else 0.0
             if step is not None:
                 self._finish(watch, now, cpu)
             step = watch.step = Step(ident, root, now, woke or prev, cpu, cpu_prev)
@@ -750,6 +794,20 @@ def _woke_at(ident: object, idle_since: float, now: float) -> float:
     return woke if idle_since < woke <= now else 0.0
 
 
+def _last_seen(watch: LoopWatch) -> tuple[float, float | None]:
+    # The last look that saw this loop (idle, or in a step), and its thread's CPU clock then.
+    step = watch.step
+    if step is not None and step.t_last > watch.idle_t:
+        return step.t_last, step.cpu_last
+    return watch.idle_t, watch.idle_cpu
+
+
+def _tripped_at(watch: LoopWatch, idle_since: float, now: float) -> float:
+    """When the loop, idle at `idle_since`, woke, as its tripwire saw it (0: not since; see _tripwire)."""
+    tripped = watch.tripped
+    return tripped if idle_since < tripped <= now else 0.0
+
+
 # loop.time() is time.monotonic(); the watchdog's clock is perf_counter (the
 # same clock on Linux; measured once for the others).
 _MONOTONIC_TO_PERF = perf_counter() - monotonic()
@@ -826,7 +884,7 @@ def _is_own(root: FrameType) -> bool:
     return root.f_globals.get("__name__") in _OWN_STEP_MODULES
 
 
-_OWN_STEP_MODULES = frozenset({"aiocop._delivery", "aiocop._callbacks", "aiocop._watchdog"})
+_OWN_STEP_MODULES = frozenset({"aiocop._delivery", "aiocop._callbacks", "aiocop._watchdog", "aiocop._tripwire"})
 
 
 def _sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float, cpu: float | None) -> None:
@@ -968,7 +1026,7 @@ def _discover(frames: dict[int, FrameType], watches: dict[int, LoopWatch]) -> No
                 break
             f = f.f_back
         else:
-            loop = _running_loop_held_by(frame)
+            loop = _discovery.running_loop_held_by(frame)
             if loop is not None and id(loop) not in known:
                 _probe(loop)
 
@@ -981,19 +1039,6 @@ def _still_running(watch: LoopWatch) -> bool:
 def _register_foreign(loop: Any, thread_id: int) -> None:
     if isinstance(loop, asyncio.AbstractEventLoop):
         _loops.register(loop, None, thread_id)
-
-
-def _running_loop_held_by(frame: FrameType) -> asyncio.AbstractEventLoop | None:
-    # A local of the frame (`loop.run_forever()` in the application's code),
-    # or one held by a local (`self._loop` of asyncio.Runner.run).
-    for value in frame.f_locals.values():
-        for candidate in (value, getattr(value, "_loop", None) if isinstance(value, _RUNNER) else None):
-            if isinstance(candidate, asyncio.AbstractEventLoop) and candidate.is_running():
-                return candidate
-    return None
-
-
-_RUNNER: Any = getattr(asyncio, "Runner", ())  # 3.11+; asyncio.run() of 3.10 holds its loop in a local
 
 
 # Loops sent a probe, and when: one probe per loop while it has not answered.
@@ -1034,6 +1079,7 @@ def _after_fork_in_child() -> None:
     watchdog._control = _forksafe.lock()  # (reset by _forksafe too: this one is new and free)
     watchdog._waker = allocate_lock()
     watchdog._waker.acquire()
+    watchdog._finder = _discovery.Finder()
     _loops.reinit_after_fork()
     # Forked by a thread running a loop, which runs on in the child (or loops
     # that announce nothing may start).

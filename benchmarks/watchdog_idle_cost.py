@@ -5,9 +5,14 @@ Each run is a separate process with an event loop waiting for I/O for
 the watchdog, `aiocop+otel` adds `AiocopInstrumentor` (its probe: a timer
 every 500 ms on the loop, each lateness recorded). Runs alternate
 (A B C A B C ...) and the script prints each one's CPU time as a share of one
-core; the probe's own cost is `aiocop+otel` minus `aiocop`.
+core; the probe's own cost is `aiocop+otel` minus `aiocop`. `--loop uvloop`
+runs the same on uvloop.
 
-    python benchmarks/watchdog_idle_cost.py [--seconds 10] [--rounds 3]
+An idle loop is armed to wake the watchdog as it wakes (issue 29: one
+callback on the loop as the watchdog slows its looks), which this measures
+too.
+
+    python benchmarks/watchdog_idle_cost.py [--seconds 10] [--rounds 3] [--loop asyncio|uvloop]
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import sys
 
 CHILD = r"""
 import asyncio, resource, sys, time
-mode, seconds = sys.argv[1], float(sys.argv[2])
+mode, seconds, loop_name = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 if mode != "baseline":
     import aiocop
     aiocop.start_blocking_io_detection()
@@ -36,7 +41,11 @@ async def main():
     r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     print(cpu / (t1 - t0) * 100)
-asyncio.run(main())
+if loop_name == "uvloop":
+    import uvloop
+    uvloop.run(main())
+else:
+    asyncio.run(main())
 """
 
 
@@ -44,17 +53,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     args = parser.parse_args()
     results: dict[str, list[float]] = {"baseline": [], "aiocop": [], "aiocop+otel": []}
     for _ in range(args.rounds):
         for mode, values in results.items():
             out = subprocess.run(
-                [sys.executable, "-c", CHILD, mode, str(args.seconds)], capture_output=True, text=True, check=True
+                [sys.executable, "-c", CHILD, mode, str(args.seconds), args.loop],
+                capture_output=True,
+                text=True,
+                check=True,
             )
             values.append(float(out.stdout))
     for mode, values in results.items():
         spread = statistics.stdev(values) if len(values) > 1 else 0.0
-        print(f"{mode:11} idle CPU: median {statistics.median(values):.3f} % of a core (± {spread:.3f}), runs {values}")
+        median = statistics.median(values)
+        print(f"{args.loop} {mode:11} idle CPU: median {median:.3f} % of a core (± {spread:.3f}), runs {values}")
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ LAYERS: list[dict[str, list[str]]] = [
             "aiocop._attach",
             "aiocop._attach_agent",
             "aiocop._attach_files",
+            "aiocop._attach_proc",
             "aiocop._attach_report",
         ],
         "aiocop._pytest_support": ["aiocop._pytest_events", "aiocop._pytest_settings"],

@@ -1,0 +1,114 @@
+"""No blind window after a quiet spell: an idle loop wakes the watchdog as it wakes (issue 29).
+
+The watchdog's idle looks are made a minute apart here: a stall after the
+quiet spell is seen only because the loop, armed as the watchdog went to
+that sleep, woke it. The request arrives from another thread once the loop
+is armed and back in its selector; a 100 ms stall at a 30 ms threshold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import aiocop
+from aiocop import _loops, _watchdog
+from tests import stalls
+from tests.conftest import Collector, run_on
+from tests.test_watchdog import stall_lines
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
+
+STALL_S = 0.1
+WAIT_S = 30.0  # for the watchdog to go to its long sleep: a busy machine's worst day
+
+
+@pytest.fixture
+def quiet_watchdog(detector: Collector, monkeypatch: pytest.MonkeyPatch) -> Collector:
+    monkeypatch.setattr(_watchdog.sampling, "idle_interval_ms", 60_000.0)
+    aiocop.detect_slow_tasks(threshold_ms=30)
+    return detector
+
+
+def watch_of(loop: asyncio.AbstractEventLoop) -> _loops.LoopWatch | None:
+    return next((w for w in _loops.watches.values() if w.loop is loop), None)
+
+
+def idle_timer(loop: asyncio.AbstractEventLoop) -> asyncio.TimerHandle:
+    # veloxloop 0.2, with no timer due, wakes every few milliseconds (never
+    # quiet: the watchdog keeps its fast looks, and arms nothing): a far timer
+    # lets it sleep in its selector, as the other loops do anyway.
+    return loop.call_later(3600, lambda: None)
+
+
+def when(condition: Callable[[], bool]) -> bool:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_stall_after_a_quiet_spell_wakes_the_watchdog(quiet_watchdog: Collector, loop_name: str) -> None:
+    armed: list[bool] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def request() -> None:
+            stalls.spin(STALL_S)
+            done.set_result(None)
+
+        def arrive() -> None:
+            # Once the loop is armed (its tripwire installed), and back in its selector.
+            armed.append(when(lambda: getattr(watch_of(loop), "tripwire", None) is not None))
+            time.sleep(0.2)
+            loop.call_soon_threadsafe(request)
+
+        threading.Thread(target=arrive).start()
+        far = idle_timer(loop)
+        await done
+        far.cancel()
+        await asyncio.sleep(0.05)
+
+    run_on(loop_name, main())
+    assert armed == [True], "the loop was never armed"
+    (event,) = quiet_watchdog.settle(1)
+    assert event.reason == "cpu_blocking"
+    assert event.call_site.endswith(tuple(f"tests/{line}" for line in stall_lines(stalls.spin))), event.call_site
+
+
+def test_a_loop_whose_thread_has_a_profile_function_keeps_it(quiet_watchdog: Collector) -> None:
+    # A profiler's (or debugger's) function is never replaced: that loop is
+    # not armed (checked on the loop's thread, by aiocop's callback: the same
+    # on every loop; veloxloop 0.2 polls an executor's future, never quiet).
+    calls: list[str] = []
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    async def main() -> tuple[bool, object]:
+        loop = asyncio.get_running_loop()
+        far = idle_timer(loop)
+        sys.setprofile(profile)
+        try:
+            found = await loop.run_in_executor(None, when, lambda: getattr(watch_of(loop), "unarmable", False))
+            return found, sys.getprofile()
+        finally:
+            sys.setprofile(None)
+            far.cancel()
+
+    found, kept = run_on("asyncio", main())
+    assert found, "the watchdog never asked to arm the loop"
+    assert kept is profile
+    assert calls
