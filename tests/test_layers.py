@@ -47,9 +47,18 @@ LAYERS: list[dict[str, list[str]]] = [
             "aiocop._allow",
             "aiocop._scope",
             "aiocop._frames",
+            "aiocop._loops",
         ]
     },
-    {"aiocop._stalls": ["aiocop._watchdog", "aiocop._loops", "aiocop._probe", "aiocop._culprit"]},
+    {
+        "aiocop._stalls": [
+            "aiocop._watchdog",
+            "aiocop._discovery",
+            "aiocop._tripwire",
+            "aiocop._probe",
+            "aiocop._culprit",
+        ]
+    },
     {
         "aiocop._reporting": [
             "aiocop._delivery",
