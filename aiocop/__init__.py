@@ -25,14 +25,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from aiocop._allow import (
-        AllowRule,
-        add_allow_rule,
-        allow_blocking,
-        clear_allow_rules,
-        get_allow_rules,
-        remove_allow_rule,
-    )
     from aiocop._api import (
         activate,
         configure,
@@ -55,7 +47,18 @@ if TYPE_CHECKING:
         stop,
         unregister_blocking_event,
     )
-    from aiocop._callbacks import (
+    from aiocop._configuration.config import ConfigError, ProjectConfig, load_config
+    from aiocop._interception.allow import (
+        AllowRule,
+        add_allow_rule,
+        allow_blocking,
+        clear_allow_rules,
+        get_allow_rules,
+        remove_allow_rule,
+    )
+    from aiocop._interception.rules import BLOCKING_CALLS, BlockingCall, get_blocking_events_dict
+    from aiocop._interception.wrappers import get_patched_functions, patch_audit_functions
+    from aiocop._model.callbacks import (
         ContextProvider,
         SlowTaskCallback,
         clear_context_providers,
@@ -65,13 +68,9 @@ if TYPE_CHECKING:
         unregister_context_provider,
         unregister_slow_task_callback,
     )
-    from aiocop._config import ConfigError, ProjectConfig, load_config
-    from aiocop._delivery import format_blocking_event
-    from aiocop._events import BlockingEventInfo, CpuStackSample, RawBlockingEvent, SlowTaskEvent
-    from aiocop._exceptions import HighSeverityBlockingIoException
-    from aiocop._logging import LoggingCallback, log_events
-    from aiocop._rules import BLOCKING_CALLS, BlockingCall, get_blocking_events_dict
-    from aiocop._severity import (
+    from aiocop._model.events import BlockingEventInfo, CpuStackSample, RawBlockingEvent, SlowTaskEvent
+    from aiocop._model.exceptions import HighSeverityBlockingIoException
+    from aiocop._model.severity import (
         THRESHOLD_HIGH,
         THRESHOLD_LOW,
         THRESHOLD_MEDIUM,
@@ -83,7 +82,8 @@ if TYPE_CHECKING:
         calculate_io_severity_score,
         get_severity_level_from_score,
     )
-    from aiocop._wrappers import get_patched_functions, patch_audit_functions
+    from aiocop._reporting.delivery import format_blocking_event
+    from aiocop._reporting.logs import LoggingCallback, log_events
 del TYPE_CHECKING  # not a public name
 
 # Importing aiocop costs almost nothing until a name is used (PEP 562): the
@@ -91,12 +91,12 @@ del TYPE_CHECKING  # not a public name
 # not load the detector when it is switched off. Each public name is imported
 # from the module that defines it on first access, then kept here.
 _LAZY: dict[str, str] = {
-    "AllowRule": "aiocop._allow",
-    "add_allow_rule": "aiocop._allow",
-    "allow_blocking": "aiocop._allow",
-    "clear_allow_rules": "aiocop._allow",
-    "get_allow_rules": "aiocop._allow",
-    "remove_allow_rule": "aiocop._allow",
+    "AllowRule": "aiocop._interception.allow",
+    "add_allow_rule": "aiocop._interception.allow",
+    "allow_blocking": "aiocop._interception.allow",
+    "clear_allow_rules": "aiocop._interception.allow",
+    "get_allow_rules": "aiocop._interception.allow",
+    "remove_allow_rule": "aiocop._interception.allow",
     "activate": "aiocop._api",
     "configure": "aiocop._api",
     "deactivate": "aiocop._api",
@@ -117,40 +117,40 @@ _LAZY: dict[str, str] = {
     "start_cpu_sampling": "aiocop._api",
     "stop": "aiocop._api",
     "unregister_blocking_event": "aiocop._api",
-    "ContextProvider": "aiocop._callbacks",
-    "SlowTaskCallback": "aiocop._callbacks",
-    "clear_context_providers": "aiocop._callbacks",
-    "clear_slow_task_callbacks": "aiocop._callbacks",
-    "register_context_provider": "aiocop._callbacks",
-    "register_slow_task_callback": "aiocop._callbacks",
-    "unregister_context_provider": "aiocop._callbacks",
-    "unregister_slow_task_callback": "aiocop._callbacks",
-    "ConfigError": "aiocop._config",
-    "ProjectConfig": "aiocop._config",
-    "load_config": "aiocop._config",
-    "format_blocking_event": "aiocop._delivery",
-    "BlockingEventInfo": "aiocop._events",
-    "CpuStackSample": "aiocop._events",
-    "RawBlockingEvent": "aiocop._events",
-    "SlowTaskEvent": "aiocop._events",
-    "HighSeverityBlockingIoException": "aiocop._exceptions",
-    "LoggingCallback": "aiocop._logging",
-    "log_events": "aiocop._logging",
-    "BLOCKING_CALLS": "aiocop._rules",
-    "BlockingCall": "aiocop._rules",
-    "get_blocking_events_dict": "aiocop._rules",
-    "THRESHOLD_HIGH": "aiocop._severity",
-    "THRESHOLD_LOW": "aiocop._severity",
-    "THRESHOLD_MEDIUM": "aiocop._severity",
-    "WEIGHT_HEAVY": "aiocop._severity",
-    "WEIGHT_LIGHT": "aiocop._severity",
-    "WEIGHT_MODERATE": "aiocop._severity",
-    "WEIGHT_TRIVIAL": "aiocop._severity",
-    "IoSeverityLevel": "aiocop._severity",
-    "calculate_io_severity_score": "aiocop._severity",
-    "get_severity_level_from_score": "aiocop._severity",
-    "get_patched_functions": "aiocop._wrappers",
-    "patch_audit_functions": "aiocop._wrappers",
+    "ContextProvider": "aiocop._model.callbacks",
+    "SlowTaskCallback": "aiocop._model.callbacks",
+    "clear_context_providers": "aiocop._model.callbacks",
+    "clear_slow_task_callbacks": "aiocop._model.callbacks",
+    "register_context_provider": "aiocop._model.callbacks",
+    "register_slow_task_callback": "aiocop._model.callbacks",
+    "unregister_context_provider": "aiocop._model.callbacks",
+    "unregister_slow_task_callback": "aiocop._model.callbacks",
+    "ConfigError": "aiocop._configuration.config",
+    "ProjectConfig": "aiocop._configuration.config",
+    "load_config": "aiocop._configuration.config",
+    "format_blocking_event": "aiocop._reporting.delivery",
+    "BlockingEventInfo": "aiocop._model.events",
+    "CpuStackSample": "aiocop._model.events",
+    "RawBlockingEvent": "aiocop._model.events",
+    "SlowTaskEvent": "aiocop._model.events",
+    "HighSeverityBlockingIoException": "aiocop._model.exceptions",
+    "LoggingCallback": "aiocop._reporting.logs",
+    "log_events": "aiocop._reporting.logs",
+    "BLOCKING_CALLS": "aiocop._interception.rules",
+    "BlockingCall": "aiocop._interception.rules",
+    "get_blocking_events_dict": "aiocop._interception.rules",
+    "THRESHOLD_HIGH": "aiocop._model.severity",
+    "THRESHOLD_LOW": "aiocop._model.severity",
+    "THRESHOLD_MEDIUM": "aiocop._model.severity",
+    "WEIGHT_HEAVY": "aiocop._model.severity",
+    "WEIGHT_LIGHT": "aiocop._model.severity",
+    "WEIGHT_MODERATE": "aiocop._model.severity",
+    "WEIGHT_TRIVIAL": "aiocop._model.severity",
+    "IoSeverityLevel": "aiocop._model.severity",
+    "calculate_io_severity_score": "aiocop._model.severity",
+    "get_severity_level_from_score": "aiocop._model.severity",
+    "get_patched_functions": "aiocop._interception.wrappers",
+    "patch_audit_functions": "aiocop._interception.wrappers",
 }
 
 

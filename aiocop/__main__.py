@@ -1,4 +1,4 @@
-"""`python -m aiocop`: see `aiocop._cli`.
+"""`python -m aiocop`: see `aiocop._commands.cli`.
 
 The program given to `run` runs right here, at this module's top level: the
 CLI's steps before and after it are a generator (`_cli.session`), suspended
@@ -11,7 +11,7 @@ and the two of runpy that `python -m aiocop` itself runs in.
 import runpy
 import sys
 
-from aiocop import _cli
+from aiocop._commands import cli as _cli
 
 if __name__ == "__main__":
     _steps = _cli.session()

@@ -7,25 +7,8 @@ import atexit
 import logging
 from typing import TYPE_CHECKING, Any, get_args
 
-from aiocop import (
-    _allow,
-    _callbacks,
-    _delivery,
-    _forksafe,
-    _frames,
-    _hangs,
-    _hook,
-    _loops,
-    _rules,
-    _state,
-    _watchdog,
-    _wrappers,
-)
-from aiocop._config import ProjectConfig, load_config
-from aiocop._scope import ContextVarScope
-from aiocop._severity import level_threshold
-from aiocop._state import Delivery
-from aiocop._validate import (
+from aiocop._common import forksafe as _forksafe
+from aiocop._common.validate import (
     F,
     check_bool,
     check_callable,
@@ -36,12 +19,27 @@ from aiocop._validate import (
     check_number,
     did_you_mean,
 )
+from aiocop._configuration.config import ProjectConfig, load_config
+from aiocop._interception import allow as _allow
+from aiocop._interception import frames as _frames
+from aiocop._interception import hook as _hook
+from aiocop._interception import loops as _loops
+from aiocop._interception import rules as _rules
+from aiocop._interception import wrappers as _wrappers
+from aiocop._interception.scope import ContextVarScope
+from aiocop._model import callbacks as _callbacks
+from aiocop._model import state as _state
+from aiocop._model.severity import level_threshold
+from aiocop._model.state import Delivery
+from aiocop._reporting import delivery as _delivery
+from aiocop._reporting import hangs as _hangs
+from aiocop._stalls import watchdog as _watchdog
 
 if TYPE_CHECKING:
     import os
     from collections.abc import Callable
 
-    from aiocop._callbacks import SlowTaskCallback
+    from aiocop._model.callbacks import SlowTaskCallback
 
 logger = logging.getLogger("aiocop")
 

@@ -35,9 +35,10 @@ from contextvars import ContextVar
 from random import random as _random  # the module's generator: reseeded in each forked worker
 from typing import Any, NamedTuple
 
-from aiocop import _callbacks, _state
 from aiocop._api import configured, monitored
-from aiocop._validate import check_callable
+from aiocop._common.validate import check_callable
+from aiocop._model import callbacks as _callbacks
+from aiocop._model import state as _state
 
 __all__ = [
     "ASGIApp",

@@ -49,21 +49,26 @@ except ImportError as error:  # pragma: no cover - the message is the point
         "pip install 'aiocop[opentelemetry]'"
     ) from error
 
-from aiocop import _api, _callbacks, _forksafe, _hangs, _state, _watchdog
-from aiocop._clock import perf_counter
-from aiocop._delivery import record_call, record_site, step_view
-from aiocop._events import is_hang_report
-from aiocop._probe import DelayProbe
-from aiocop._severity import THRESHOLD_HIGH, THRESHOLD_MEDIUM, get_severity_level_from_score
-from aiocop._sites import FILE, FUNCTION, LINE, OTHER, Attributes, RateLimit, SiteTable
-from aiocop._validate import check_bool, check_int, check_ms, check_number, did_you_mean
+from aiocop import _api
+from aiocop._common import forksafe as _forksafe
+from aiocop._common.clock import perf_counter
+from aiocop._common.validate import check_bool, check_int, check_ms, check_number, did_you_mean
+from aiocop._model import callbacks as _callbacks
+from aiocop._model import state as _state
+from aiocop._model.events import is_hang_report
+from aiocop._model.severity import THRESHOLD_HIGH, THRESHOLD_MEDIUM, get_severity_level_from_score
+from aiocop._reporting import hangs as _hangs
+from aiocop._reporting.delivery import record_call, record_site, step_view
+from aiocop._reporting.sites import FILE, FUNCTION, LINE, OTHER, Attributes, RateLimit, SiteTable
+from aiocop._stalls import watchdog as _watchdog
+from aiocop._stalls.probe import DelayProbe
 from aiocop._version import __version__
 
 if TYPE_CHECKING:
     from collections.abc import Collection
 
-    from aiocop._events import SlowTaskEvent
-    from aiocop._hook import Record
+    from aiocop._interception.hook import Record
+    from aiocop._model.events import SlowTaskEvent
 
 __all__ = ["ATTRIBUTES", "DELAY_BUCKETS", "SIGNALS", "AiocopInstrumentor", "Signal"]
 

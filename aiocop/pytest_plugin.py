@@ -26,27 +26,27 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import aiocop
-from aiocop import _pytest_settings
+from aiocop._pytest_support import settings as _pytest_settings
 
 if TYPE_CHECKING:
     from collections.abc import Generator
 
-    from aiocop._allow import AllowRule
-    from aiocop._events import SlowTaskEvent
-    from aiocop._pytest_events import EventLog, Recorder
-    from aiocop._pytest_settings import Settings
-    from aiocop._timeline import Timeline
+    from aiocop._interception.allow import AllowRule
+    from aiocop._model.events import SlowTaskEvent
+    from aiocop._pytest_support.events import EventLog, Recorder
+    from aiocop._pytest_support.settings import Settings
+    from aiocop._reporting.timeline import Timeline
 
 __all__ = ["EventLog"]
 
 
 # Every pytest run loads this plugin (the pytest11 entry point). Switched off,
 # it must cost next to nothing: the detector and the event log
-# (`aiocop._pytest_events`, which loads the whole detector) are imported only
+# (`aiocop._pytest_support.events`, which loads the whole detector) are imported only
 # once a session turns the plugin on, or someone reads `EventLog`.
 def __getattr__(name: str) -> Any:
     if name == "EventLog":
-        from aiocop._pytest_events import EventLog
+        from aiocop._pytest_support.events import EventLog
 
         return EventLog
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -63,7 +63,7 @@ class _Session:
     """Detection for one pytest session: started at configure, stopped at unconfigure."""
 
     def __init__(self, settings: Settings) -> None:
-        from aiocop._pytest_events import Recorder
+        from aiocop._pytest_support.events import Recorder
 
         self.settings = settings
         self.recorder: Recorder = Recorder()
@@ -74,15 +74,15 @@ class _Session:
         self.html_written: str | None = None
 
     def start(self) -> None:
-        from aiocop._frames import set_app_paths
+        from aiocop._interception.frames import set_app_paths
 
         settings = self.settings
         aiocop.start_blocking_io_detection(trace_depth=settings.trace_depth)
         if settings.threshold_ms is not None:
             aiocop.detect_slow_tasks(threshold_ms=settings.threshold_ms, hang_after_ms=settings.hang_after_ms)
         if settings.html is not None:
-            from aiocop._report import Summary
-            from aiocop._timeline import Timeline
+            from aiocop._reporting.report import Summary
+            from aiocop._reporting.timeline import Timeline
 
             self.timeline = Timeline(Summary(settings.baseline))
             # Before the recorder: the timeline reads when a step ended before anything formats the event.
@@ -93,7 +93,7 @@ class _Session:
         set_app_paths(settings.app_paths, settings.library_paths)
 
     def stop(self) -> None:
-        from aiocop._frames import set_app_paths
+        from aiocop._interception.frames import set_app_paths
 
         aiocop.unregister_slow_task_callback(self.recorder)
         if self.timeline is not None:
@@ -104,8 +104,8 @@ class _Session:
         aiocop.stop()
 
     def write_html(self, command: str) -> bool:
-        from aiocop import _report_files
-        from aiocop._timeline import Facts
+        from aiocop._reporting import report_files as _report_files
+        from aiocop._reporting.timeline import Facts
 
         path, timeline = self.settings.html, self.timeline
         assert path is not None
@@ -119,7 +119,7 @@ class _Session:
         return True
 
     def write_baseline(self) -> bool:
-        from aiocop import _baseline
+        from aiocop._configuration import baseline as _baseline
 
         path = self.settings.write_baseline
         assert path is not None
@@ -288,8 +288,8 @@ def _verdict(session: _Session, bad: list[SlowTaskEvent]) -> list[SlowTaskEvent]
     """The events that fail the test: none while recording a baseline, which takes their call sites instead."""
     if not bad or session.settings.write_baseline is None:
         return bad
-    from aiocop._baseline import count
-    from aiocop._pytest_events import baseline_keys
+    from aiocop._configuration.baseline import count
+    from aiocop._pytest_support.events import baseline_keys
 
     for event in bad:
         count(baseline_keys(event), session.seen)
@@ -297,13 +297,13 @@ def _verdict(session: _Session, bad: list[SlowTaskEvent]) -> list[SlowTaskEvent]
 
 
 def _message(bad: list[SlowTaskEvent], phase: str, fail_on: str, threshold_ms: float | None) -> str:
-    from aiocop._pytest_events import message
+    from aiocop._pytest_support.events import message
 
     return message(bad, phase, fail_on, threshold_ms)
 
 
 def _failing(state: _TestState, phase: str, settings: Settings) -> list[SlowTaskEvent]:
-    from aiocop._pytest_events import failing  # loaded with the session: no cost here
+    from aiocop._pytest_support.events import failing  # loaded with the session: no cost here
 
     return failing(
         state.events[phase],
@@ -329,7 +329,7 @@ def aiocop_events(request: pytest.FixtureRequest) -> EventLog:
             "or set aiocop = true in the ini file",
             pytrace=False,
         )
-    from aiocop._pytest_events import EventLog
+    from aiocop._pytest_support.events import EventLog
 
     state.log_requested = True
     return EventLog(state.events["call"])

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from aiocop._logging import CallSiteLimiter, Occurrence, replace_callback, structured_fields
+from aiocop._reporting.logs import CallSiteLimiter, Occurrence, replace_callback, structured_fields
 
 if TYPE_CHECKING:
-    from aiocop._events import SlowTaskEvent
+    from aiocop._model.events import SlowTaskEvent
 
 __all__ = ["StructlogCallback", "log_events"]
 

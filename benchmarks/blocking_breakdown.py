@@ -63,7 +63,7 @@ def _setup(variant: str, counter: list[int]) -> None:
     if variant == "baseline":
         return
     import aiocop
-    from aiocop import _delivery
+    from aiocop._reporting import delivery as _delivery
 
     aiocop.start_blocking_io_detection(trace_depth=5)
     aiocop.register_slow_task_callback(lambda event: counter.__setitem__(0, counter[0] + 1))
@@ -85,7 +85,8 @@ def _setup(variant: str, counter: list[int]) -> None:
 def _instrument() -> dict[str, list[int]]:
     import importlib
 
-    from aiocop import _delivery, _hook
+    from aiocop._interception import hook as _hook
+    from aiocop._reporting import delivery as _delivery
 
     totals: dict[str, list[int]] = {}
     clock = time.perf_counter_ns

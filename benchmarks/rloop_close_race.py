@@ -53,11 +53,11 @@ if mode == "before":
     assert aiocop.__file__.startswith(sys.argv[3]), aiocop.__file__
 if mode != "baseline":
     import aiocop
-    from aiocop import _watchdog
+    from aiocop._stalls import watchdog as _watchdog
 
     def patch(owner, name, value):  # a private name that has gone must fail the mode, not pass unpatched
         if not hasattr(owner, name):
-            sys.exit(f"{mode}: aiocop._watchdog has no {name} any more: update this mode")
+            sys.exit(f"{mode}: aiocop._stalls.watchdog has no {name} any more: update this mode")
         setattr(owner, name, value)
 
     if mode == "nowatchdog":  # all of aiocop but the watchdog's thread

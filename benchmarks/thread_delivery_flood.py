@@ -27,7 +27,7 @@ import threading
 import time
 
 import aiocop
-from aiocop import _delivery
+from aiocop._reporting import delivery as _delivery
 
 
 def rss_mib() -> float:

@@ -25,7 +25,7 @@ import statistics
 import time
 
 import aiocop
-from aiocop import _watchdog
+from aiocop._stalls import watchdog as _watchdog
 
 BATCH = 1000
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiocop
-from aiocop._report import to_record
+from aiocop._reporting.report import to_record
 from aiocop.asgi import AiocopMiddleware, Receive, Scope, Send, current_request
 
 if TYPE_CHECKING:

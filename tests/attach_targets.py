@@ -75,13 +75,13 @@ def hostile(mode: str) -> None:
     """A target whose `aiocop` is a fake that answers an attach as `mode` says (tests/test_attach.py)."""
     package = types.ModuleType("aiocop")
     package.__path__ = []
-    agent = types.ModuleType("aiocop._attach_agent")
+    agent = types.ModuleType("aiocop._commands.attach_agent")
     if mode != "old-agent":  # an aiocop whose agent does not speak this protocol
         agent.run = lambda settings: answer(settings, mode)  # type: ignore[attr-defined]
     sys.modules["aiocop"] = package
     if mode != "unrelated-aiocop":  # another package named aiocop, without an agent
         package._attach_agent = agent  # type: ignore[attr-defined]
-        sys.modules["aiocop._attach_agent"] = agent
+        sys.modules["aiocop._commands.attach_agent"] = agent
 
 
 def answer(settings: dict[str, Any], mode: str) -> None:

@@ -16,7 +16,7 @@ import sys
 
 import uvloop
 
-from aiocop import _loops
+from aiocop._interception import loops as _loops
 
 # As Leviathan, named in aiocop's table of loops that announce nothing.
 _loops.UNANNOUNCED_LOOP_MODULES.add(__name__)

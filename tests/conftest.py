@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import aiocop
-from aiocop import _hook, _state
+from aiocop._interception import hook as _hook
+from aiocop._model import state as _state
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Iterator

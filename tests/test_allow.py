@@ -306,7 +306,7 @@ def test_a_scope_entered_again_reuses_its_rule_and_its_compiled_matcher(detector
     # `with allow_blocking(...)` in a handler makes a new scope per request:
     # its rule is checked once per content, and the rules of the scope (with
     # the enclosing ones) are one object whose compiled matcher is kept.
-    from aiocop import _allow
+    from aiocop._interception import allow as _allow
 
     assert aiocop.allow_blocking("os.stat").rule is aiocop.allow_blocking("os.stat").rule
     seen: list[tuple[object, object]] = []

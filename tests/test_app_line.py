@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import aiocop
-from aiocop._logging import headline
-from aiocop._report import Summary, describe
+from aiocop._reporting.logs import headline
+from aiocop._reporting.report import Summary, describe
 from tests.conftest import Collector, run_on
 
 if TYPE_CHECKING:

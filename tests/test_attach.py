@@ -515,9 +515,12 @@ def run_inside(pid: int, statements: str) -> None:
         ("status-escapes", "it failed\\x1b]0;owned\\x07\\x1b[2J\\x1b[31m\\u202e"),
         (
             "unrelated-aiocop",
-            "could not load aiocop ? (?): ModuleNotFoundError: No module named 'aiocop._attach_agent'",
+            "could not load aiocop ? (?): ModuleNotFoundError: No module named 'aiocop._commands.attach_agent'",
         ),
-        ("old-agent", "the attach agent failed: AttributeError: module 'aiocop._attach_agent' has no attribute 'run'"),
+        (
+            "old-agent",
+            "the attach agent failed: AttributeError: module 'aiocop._commands.attach_agent' has no attribute 'run'",
+        ),
     ],
 )
 def test_a_hostile_target_s_answer_is_refused(targets: Any, mode: str, said: str) -> None:
@@ -680,7 +683,8 @@ def test_the_target_runs_the_code_sent_not_a_path(targets: Any) -> None:
 @needs_remote
 def test_a_script_delivered_to_a_reused_pid_does_nothing(targets: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 23, 9: the bootstrap checks its process's start time itself; in another process it runs nothing."""
-    from aiocop import _attach, _attach_files
+    from aiocop._commands import attach as _attach
+    from aiocop._commands import attach_files as _attach_files
 
     target = targets("serve")
     before = inside(target.pid, STATE)
@@ -709,7 +713,8 @@ def test_a_script_delivered_to_a_reused_pid_does_nothing(targets: Any, monkeypat
 @needs_remote
 def test_a_reused_pid_is_refused_before_anything_is_sent(targets: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 23, 9: the PID was given to another process between the pin and sys.remote_exec: refused."""
-    from aiocop import _attach, _attach_files
+    from aiocop._commands import attach as _attach
+    from aiocop._commands import attach_files as _attach_files
 
     target = targets("serve")
     real = _attach_files.start_ticks

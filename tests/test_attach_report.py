@@ -1,4 +1,4 @@
-"""What an attached process writes back is checked before use (aiocop/_attach_report.py), on any Python.
+"""What an attached process writes back is checked before use (aiocop/_commands/attach_report.py), on any Python.
 
 The end-to-end cases, with a hostile target, are in tests/test_attach.py (CPython 3.14+).
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from aiocop._attach_report import (
+from aiocop._commands.attach_report import (
     MAX_REPORT_BYTES,
     BadReportError,
     parse,
@@ -19,7 +19,7 @@ from aiocop._attach_report import (
     report,
     status,
 )
-from aiocop._report import Summary
+from aiocop._reporting.report import Summary
 
 NONCE = "0123456789abcdef0123456789abcdef"
 PID = 4321
@@ -251,7 +251,7 @@ TIMELINE = {"steps": [STEP], "steps_dropped": 0, "duration_ms": 1000.0}
 
 
 def test_hangs_and_steps_are_kept_and_a_hang_renders_as_run_prints_it() -> None:
-    from aiocop._attach_report import render_hangs
+    from aiocop._commands.attach_report import render_hangs
 
     result = checked({**REPORT, "hangs": [HANG], "timeline": TIMELINE})
     assert result["hangs"] == [HANG]
@@ -306,7 +306,7 @@ def test_a_bad_hang_or_step_is_named(path: tuple[Any, ...], value: Any, said: st
 
 
 def test_every_string_of_a_hang_and_a_step_is_made_printable() -> None:
-    from aiocop._attach_report import render_hangs
+    from aiocop._commands.attach_report import render_hangs
 
     hang = copy.deepcopy(HANG)
     hang["culprit"] = f"running{ESCAPES}\nforged line"
@@ -321,7 +321,7 @@ def test_every_string_of_a_hang_and_a_step_is_made_printable() -> None:
 
 
 def test_a_target_sending_many_hangs_does_not_fill_the_terminal() -> None:
-    from aiocop._attach_report import render_hangs
+    from aiocop._commands.attach_report import render_hangs
 
     text = render_hangs(checked({**REPORT, "hangs": [HANG] * 1000})["hangs"])
     assert text.count("[STILL HUNG]") == 20

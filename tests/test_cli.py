@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from aiocop._cli import Program, split_program
+from aiocop._commands.cli import Program, split_program
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -155,7 +155,7 @@ def test_a_crashing_program_shows_its_own_traceback_then_the_summary(tmp_path: P
     first_frame = traceback.splitlines()[1]
     assert first_frame.strip().startswith(f'File "{script}"'), traceback
     assert "runpy" not in traceback
-    assert "_cli.py" not in traceback
+    assert "_commands/cli.py" not in traceback
     assert "ZeroDivisionError" in traceback
     assert traceback.index("ZeroDivisionError") < traceback.index("crash.py:3:main")
 
@@ -429,7 +429,7 @@ def test_run_never_reads_the_attach_environment(program: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "program ran" in result.stdout
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, aiocop._cli; print('aiocop._attach' in sys.modules)"],
+        [sys.executable, "-c", "import sys, aiocop._commands.cli; print('aiocop._commands.attach' in sys.modules)"],
         capture_output=True,
         text=True,
         env=env,

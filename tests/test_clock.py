@@ -19,7 +19,7 @@ import pytest
 import time_machine
 
 import aiocop
-from aiocop import _clock
+from aiocop._common import clock as _clock
 from tests.conftest import Collector, run_on
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def assert_real(elapsed_ms: float) -> None:
 
 def test_aiocop_holds_no_clock_a_time_freezer_would_rewrite() -> None:
     # freezegun replaces, in every loaded module, each attribute that *is* a
-    # real clock; aiocop's modules must hold none (they import aiocop._clock's).
+    # real clock; aiocop's modules must hold none (they import aiocop._common.clock's).
     real = {id(getattr(time, name)) for name in ("time", "monotonic", "perf_counter", "thread_time")}
     held = [
         f"{name}.{attr}"

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 import aiocop
-from aiocop import _loops
-from aiocop._logging import headline
-from aiocop._report import Summary
+from aiocop._interception import loops as _loops
+from aiocop._reporting.logs import headline
+from aiocop._reporting.report import Summary
 from tests import stalls
 from tests.conftest import Collector, loop_factory, run_on
 from tests.test_watchdog import close_enough

@@ -15,8 +15,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 import aiocop
-from aiocop import _api, _baseline, _config, _frames, _inputs
-from aiocop._config import ConfigError, ProjectConfig, load_config
+from aiocop import _api
+from aiocop._common import inputs as _inputs
+from aiocop._configuration import baseline as _baseline
+from aiocop._configuration import config as _config
+from aiocop._configuration.config import ConfigError, ProjectConfig, load_config
+from aiocop._interception import frames as _frames
 from aiocop.asgi import AiocopMiddleware
 from tests import blocking_calls
 from tests.conftest import ROOT, Collector, reset_aiocop, run_on
@@ -222,7 +226,7 @@ def test_hang_after_ms_from_the_table_reaches_the_api_the_cli_and_pytest(
     tmp_path: Path, configured: Collector, pytester: pytest.Pytester
 ) -> None:
     """Issue 25: `hang_after_ms` in [tool.aiocop]; 0 is off; the flags win."""
-    from aiocop import _state
+    from aiocop._model import state as _state
 
     aiocop.configure(pyproject(tmp_path, "threshold_ms = 40\nhang_after_ms = 300\n"))
     assert _state.config.hang_after_ms == 300

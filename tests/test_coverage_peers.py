@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from blockbuster import BlockBuster
 
-from aiocop._harmless import HARMLESS
-from aiocop._rules import BLOCKING_CALLS, DETECTED_AS, NOT_REPORTED
+from aiocop._interception.harmless import HARMLESS
+from aiocop._interception.rules import BLOCKING_CALLS, DETECTED_AS, NOT_REPORTED
 from tests.conftest import Collector, run_on
 
 if TYPE_CHECKING:
@@ -179,8 +179,8 @@ def test_every_function_a_peer_flags_is_accounted_for(peer: str, functions: list
     assert functions, f"no list read for {peer}"
     missing = unaccounted(functions)
     assert missing == [], (
-        f"{peer} flags {missing}: add each to aiocop's rules (aiocop/_rules.py: BLOCKING_CALLS, or DETECTED_AS "
-        "with a call in this file's CALLS), or to NOT_REPORTED with the reason, then regenerate "
+        f"{peer} flags {missing}: add each to aiocop's rules (aiocop/_interception/rules.py: BLOCKING_CALLS, "
+        "or DETECTED_AS with a call in this file's CALLS), or to NOT_REPORTED with the reason, then regenerate "
         "docs/reference/detected-calls.md"
     )
 

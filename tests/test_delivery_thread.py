@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import aiocop
-from aiocop import _delivery
+from aiocop._reporting import delivery as _delivery
 from tests.conftest import ROOT, reset_aiocop
 
 if TYPE_CHECKING:

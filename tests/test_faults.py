@@ -149,7 +149,7 @@ def test_a_callback_slower_than_the_events_bounds_the_queue_and_stop_means_stopp
     # delivery="thread" with a callback far slower than the events (a network
     # exporter): the queue stays bounded, what cannot wait is dropped and
     # counted in a warning, and once stop() returns no callback runs.
-    from aiocop import _delivery
+    from aiocop._reporting import delivery as _delivery
 
     monkeypatch.setattr(_delivery, "MAX_PENDING", 20)
     aiocop.start_blocking_io_detection(delivery="thread")

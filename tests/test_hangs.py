@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import aiocop
-from aiocop import _hangs
+from aiocop._reporting import hangs as _hangs
 from tests.conftest import Collector, run_in_thread, run_on
 
 if TYPE_CHECKING:

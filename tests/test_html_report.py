@@ -22,9 +22,11 @@ from typing import Any
 
 import pytest
 
-from aiocop import _exports, _html, _timeline
-from aiocop._events import SlowTaskEvent
-from aiocop._report import Summary
+from aiocop._model.events import SlowTaskEvent
+from aiocop._reporting import exports as _exports
+from aiocop._reporting import html_report as _html
+from aiocop._reporting import timeline as _timeline
+from aiocop._reporting.report import Summary
 from tests.pytester_args import QUIET
 
 ROOT = Path(__file__).resolve().parent.parent

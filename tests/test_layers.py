@@ -24,66 +24,73 @@ ARCHITECTURE_PAGE = ROOT / "docs" / "concepts" / "architecture.md"
 # (no `_` in its path below aiocop, and `aiocop.__main__`) is in the top part, "public".
 LAYERS: list[dict[str, list[str]]] = [
     {"aiocop._version": ["aiocop._version"]},
-    {"aiocop._common": ["aiocop._clock", "aiocop._forksafe", "aiocop._validate", "aiocop._inputs"]},
+    {
+        "aiocop._common": [
+            "aiocop._common.clock",
+            "aiocop._common.forksafe",
+            "aiocop._common.validate",
+            "aiocop._common.inputs",
+        ]
+    },
     {
         "aiocop._model": [
-            "aiocop._severity",
-            "aiocop._events",
-            "aiocop._exceptions",
-            "aiocop._state",
-            "aiocop._callbacks",
+            "aiocop._model.severity",
+            "aiocop._model.events",
+            "aiocop._model.exceptions",
+            "aiocop._model.state",
+            "aiocop._model.callbacks",
         ]
     },
     {
         "aiocop._interception": [
-            "aiocop._hook",
-            "aiocop._wrappers",
-            "aiocop._standin",
-            "aiocop._typepatch",
-            "aiocop._reload",
-            "aiocop._rules",
-            "aiocop._internals",
-            "aiocop._harmless",
-            "aiocop._allow",
-            "aiocop._scope",
-            "aiocop._frames",
-            "aiocop._loops",
+            "aiocop._interception.hook",
+            "aiocop._interception.wrappers",
+            "aiocop._interception.standin",
+            "aiocop._interception.typepatch",
+            "aiocop._interception.reload",
+            "aiocop._interception.rules",
+            "aiocop._interception.internals",
+            "aiocop._interception.harmless",
+            "aiocop._interception.allow",
+            "aiocop._interception.scope",
+            "aiocop._interception.frames",
+            "aiocop._interception.loops",
         ]
     },
     {
         "aiocop._stalls": [
-            "aiocop._watchdog",
-            "aiocop._discovery",
-            "aiocop._tripwire",
-            "aiocop._probe",
-            "aiocop._culprit",
+            "aiocop._stalls.watchdog",
+            "aiocop._stalls.discovery",
+            "aiocop._stalls.tripwire",
+            "aiocop._stalls.probe",
+            "aiocop._stalls.culprit",
         ]
     },
     {
         "aiocop._reporting": [
-            "aiocop._delivery",
-            "aiocop._hangs",
-            "aiocop._report",
-            "aiocop._logging",
-            "aiocop._sites",
-            "aiocop._timeline",
-            "aiocop._exports",
-            "aiocop._html",
-            "aiocop._report_files",
+            "aiocop._reporting.delivery",
+            "aiocop._reporting.hangs",
+            "aiocop._reporting.report",
+            "aiocop._reporting.logs",
+            "aiocop._reporting.sites",
+            "aiocop._reporting.timeline",
+            "aiocop._reporting.exports",
+            "aiocop._reporting.html_report",
+            "aiocop._reporting.report_files",
         ]
     },
-    {"aiocop._configuration": ["aiocop._config", "aiocop._baseline"]},
+    {"aiocop._configuration": ["aiocop._configuration.config", "aiocop._configuration.baseline"]},
     {"aiocop._api": ["aiocop._api"]},
     {
         "aiocop._commands": [
-            "aiocop._cli",
-            "aiocop._attach",
-            "aiocop._attach_agent",
-            "aiocop._attach_files",
-            "aiocop._attach_proc",
-            "aiocop._attach_report",
+            "aiocop._commands.cli",
+            "aiocop._commands.attach",
+            "aiocop._commands.attach_agent",
+            "aiocop._commands.attach_files",
+            "aiocop._commands.attach_proc",
+            "aiocop._commands.attach_report",
         ],
-        "aiocop._pytest_support": ["aiocop._pytest_events", "aiocop._pytest_settings"],
+        "aiocop._pytest_support": ["aiocop._pytest_support.events", "aiocop._pytest_support.settings"],
     },
 ]
 PUBLIC = "public"
@@ -93,7 +100,10 @@ PUBLIC = "public"
 KNOWN_LAZY_BACK_EDGES: dict[tuple[str, str], str] = {
     # The wrappers call the audit hook directly (no sys.audit frame); the hook module imports the wrappers'
     # module for their globals. The wrappers take the hook when the patches are applied, not at import.
-    ("aiocop._wrappers", "aiocop._hook"): "patch_audit_functions() fetches audit_hook when it patches",
+    (
+        "aiocop._interception.wrappers",
+        "aiocop._interception.hook",
+    ): "patch_audit_functions() fetches audit_hook when it patches",
 }
 
 # `import aiocop` loads only `aiocop._version` (every other name of the package loads lazily, on first use):

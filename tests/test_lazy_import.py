@@ -14,7 +14,14 @@ from tests.conftest import run_python
 from tests.pytester_args import QUIET
 
 # Modules that make up the detector: none is needed to import aiocop or to load the plugin switched off.
-DETECTOR = ("aiocop._hook", "aiocop._delivery", "aiocop._watchdog", "aiocop._wrappers", "aiocop._loops", "aiocop._api")
+DETECTOR = (
+    "aiocop._interception.hook",
+    "aiocop._reporting.delivery",
+    "aiocop._stalls.watchdog",
+    "aiocop._interception.wrappers",
+    "aiocop._interception.loops",
+    "aiocop._api",
+)
 
 
 def fresh(code: str) -> dict[str, object]:

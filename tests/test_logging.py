@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 
 import aiocop
 import aiocop.structlog
-from aiocop._logging import CallSiteLimiter
+from aiocop._reporting.logs import CallSiteLimiter
 from tests import stalls
 from tests.conftest import Collector, run_on
 from tests.test_watchdog import only_event, timed_stall, watchdog  # noqa: F401 - fixture
@@ -262,7 +262,7 @@ def test_log_events_again_replaces_the_previous_callback(detector: Collector, lo
     second = aiocop.log_events("aiocop.second", repeat_interval_s=0)
     structlog_first = aiocop.structlog.log_events()
     structlog_second = aiocop.structlog.log_events()
-    registered = aiocop._callbacks.registered()
+    registered = aiocop._model.callbacks.registered()
     assert first not in registered
     assert structlog_first not in registered
     assert [c for c in registered if c in (second, structlog_second)] == [second, structlog_second]

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import aiocop
-from aiocop import _state
+from aiocop._model import state as _state
 from tests import stalls
 from tests.conftest import Collector, run_on, xfail_on_veloxloop
 from tests.test_watchdog import only_event, timed_stall, watchdog  # noqa: F401 - fixture

@@ -27,7 +27,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import aiocop
-from aiocop import _callbacks, _loops, _state, _watchdog
+from aiocop._interception import loops as _loops
+from aiocop._model import callbacks as _callbacks
+from aiocop._model import state as _state
+from aiocop._stalls import watchdog as _watchdog
 from aiocop.opentelemetry import _DEFAULTS, ATTRIBUTES, DELAY_BUCKETS, SIGNALS, AiocopInstrumentor
 from tests import stalls
 from tests.conftest import ROOT, loop_factory, quiet_rloop, reset_aiocop, run_on, xfail_on_veloxloop
@@ -684,7 +687,7 @@ def test_an_overloaded_loop_shows_in_the_histogram(instrumented: tuple[Metrics, 
 
 
 def test_the_part_of_a_ticks_lateness_a_stall_explains_is_taken_out() -> None:
-    from aiocop._probe import DelayProbe
+    from aiocop._stalls.probe import DelayProbe
 
     recorded: list[float] = []
     probe = DelayProbe(0.5, recorded.append)

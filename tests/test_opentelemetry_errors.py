@@ -18,7 +18,9 @@ from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from aiocop import _callbacks, _state, _watchdog
+from aiocop._model import callbacks as _callbacks
+from aiocop._model import state as _state
+from aiocop._stalls import watchdog as _watchdog
 from aiocop.opentelemetry import AiocopInstrumentor
 from tests import stalls
 from tests.conftest import reset_aiocop

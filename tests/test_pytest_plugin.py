@@ -755,7 +755,7 @@ import os
 import pytest
 
 import aiocop
-from aiocop import _hook
+from aiocop._interception import hook as _hook
 
 
 @pytest.mark.aiocop_allow("open")

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import aiocop
-from aiocop import _loops, _watchdog
+from aiocop._interception import loops as _loops
+from aiocop._stalls import watchdog as _watchdog
 from tests.conftest import Collector, loop_factory, quiet_rloop, run_python
 
 if TYPE_CHECKING:
@@ -247,4 +248,4 @@ def test_a_race_benchmark_mode_whose_private_name_has_gone_fails_naming_it(tmp_p
     )
     assert result.returncode == 1
     assert "mode nowatchdog: its process failed" in result.stderr
-    assert "aiocop._watchdog has no _spawned_no_more any more: update this mode" in result.stderr
+    assert "aiocop._stalls.watchdog has no _spawned_no_more any more: update this mode" in result.stderr

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 import aiocop
-from aiocop import _forksafe, _loops
+from aiocop._common import forksafe as _forksafe
+from aiocop._interception import loops as _loops
 from tests.conftest import reset_aiocop, run_python
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ FORK_WHILE_HELD = """
 import asyncio, os, signal, sys, threading, time, warnings
 warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads running
 import aiocop
-from aiocop import _forksafe
+from aiocop._common import forksafe as _forksafe
 
 events = []
 aiocop.start_blocking_io_detection()

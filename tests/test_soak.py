@@ -201,7 +201,8 @@ def test_held_events_keep_no_task_context_or_loop_alive(detector: Collector, loo
 def test_caches_stay_bounded_with_endless_module_names(detector: Collector) -> None:
     # Templating engines and exec() make modules without end: a blocking call
     # from each of 3 x the cache size of distinct modules grows no cache past it.
-    from aiocop import _frames, _harmless
+    from aiocop._interception import frames as _frames
+    from aiocop._interception import harmless as _harmless
 
     count = 3 * _frames.MAX_CACHED_MODULES
     functions = []

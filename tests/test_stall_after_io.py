@@ -9,8 +9,11 @@ import time
 
 import pytest
 
-import aiocop._delivery
-from aiocop import _delivery, _hook, _loops, _watchdog
+import aiocop._reporting.delivery
+from aiocop._interception import hook as _hook
+from aiocop._interception import loops as _loops
+from aiocop._reporting import delivery as _delivery
+from aiocop._stalls import watchdog as _watchdog
 from tests import stalls
 from tests.conftest import Collector, loop_factory, quiet_rloop, run_on
 from tests.test_watchdog import stall_lines, watchdog  # noqa: F401 - fixture
@@ -62,7 +65,7 @@ def test_a_report_queued_on_a_loop_as_it_stops_is_delivered_off_it(
         try:
             loop.call_soon(last_callback, loop)
             loop.run_forever()
-            aiocop._delivery.drain()
+            aiocop._reporting.delivery.drain()
             # asyncio runs it in no later iteration: the worker delivers it. (uvloop
             # and winloop still run it before stopping.)
             assert len(delivered) == 1, "delivered without another run of the loop"

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import aiocop
-from aiocop import _standin, _wrappers
+from aiocop._interception import standin as _standin
+from aiocop._interception import wrappers as _wrappers
 from tests.conftest import ROOT, Collector, reset_aiocop, run_python
 from tests.pytester_args import QUIET
 from tests.transparency_idioms import DOCUMENTED_DIFFERENCES, IDIOMS
@@ -238,7 +239,7 @@ def test_pytest_hides_the_wrapper_frame(pytester: pytest.Pytester) -> None:
     output = result.stdout.str()
     assert "FileNotFoundError" in output
     assert 'os.stat("/no/such/file")' in output
-    assert "_wrappers.py" not in output
+    assert "_interception/wrappers.py" not in output
 
 
 def test_a_wrapped_call_is_one_frame_deeper_at_most() -> None:
@@ -495,7 +496,7 @@ def test_the_cli_runs_a_program_as_python_does(tmp_path: Any, how: tuple[str, st
 
 
 def test_the_cli_main_called_in_process_runs_the_program_the_same_way(tmp_path: Any) -> None:
-    # aiocop._cli.main() (the CLI run from another program's process) runs
+    # aiocop._commands.cli.main() (the CLI run from another program's process) runs
     # the program under its own functions, but with the same globals,
     # sys.argv and sys.path[0]; and puts the caller's back afterwards.
     (tmp_path / "probe.py").write_text(_RUN_PROBE)
@@ -503,7 +504,7 @@ def test_the_cli_main_called_in_process_runs_the_program_the_same_way(tmp_path: 
     called = _run(
         tmp_path,
         "-c",
-        "import sys; from aiocop._cli import main; "
+        "import sys; from aiocop._commands.cli import main; "
         "argv, path0, mod = sys.argv[:], sys.path[0], sys.modules['__main__']; "
         "status = main(['run', 'probe.py', 'an', '--arg']); "
         "print(status, sys.argv == argv, sys.path[0] == path0, sys.modules['__main__'] is mod)",

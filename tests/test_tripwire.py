@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import aiocop
-from aiocop import _loops, _watchdog
+from aiocop._interception import loops as _loops
+from aiocop._stalls import watchdog as _watchdog
 from tests import stalls
 from tests.conftest import Collector, run_on
 from tests.test_watchdog import stall_lines

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 import aiocop
-from aiocop import _delivery, _watchdog
+from aiocop._reporting import delivery as _delivery
+from aiocop._stalls import watchdog as _watchdog
 from tests import stalls
 from tests.conftest import Collector, _loop_param, loop_factory, quiet_rloop, reset_aiocop, run_in_thread, run_on
 
@@ -614,7 +615,7 @@ def test_no_watchdog_thread_while_no_loop_runs() -> None:
         """
         import asyncio, os, sys, threading, time, warnings
         import aiocop
-        from aiocop import _watchdog
+        from aiocop._stalls import watchdog as _watchdog
         _watchdog._IDLE_STOP_S = 0.3  # (5 s by default)
 
         def fork_warnings():

@@ -1,6 +1,6 @@
 """aiocop 1.x import path: `from aiocop.core.callbacks import ...` (aliases of the 2.x names)."""
 
-from aiocop._callbacks import (
+from aiocop._model.callbacks import (
     ContextProvider,
     SlowTaskCallback,
     clear_context_providers,

@@ -1,6 +1,6 @@
 """aiocop 1.x import path: `from aiocop.types.severity import ...` (aliases of the 2.x names)."""
 
-from aiocop._severity import (
+from aiocop._model.severity import (
     THRESHOLD_HIGH,
     THRESHOLD_LOW,
     THRESHOLD_MEDIUM,

@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING, Any
 import aiocop
 import aiocop.asgi
 import aiocop.structlog
-from aiocop import _cli, _config, _pytest_settings, pytest_plugin
+from aiocop import pytest_plugin
+from aiocop._commands import cli as _cli
+from aiocop._configuration import config as _config
+from aiocop._pytest_support import settings as _pytest_settings
 
 if TYPE_CHECKING:
     from collections.abc import Callable

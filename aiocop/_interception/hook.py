@@ -1,0 +1,668 @@
+"""The audit hook: the one place every detected blocking call passes through.
+
+`audit_hook` is called by CPython for every audit event of every thread, so it
+is written for speed: an event aiocop does not care about costs one dict miss,
+and a thread that is not running an event loop costs one more C call
+(`asyncio._get_running_loop`, a per-thread slot). Only then does the slow path
+run (the rest of `audit_hook`, then `_capture`), on the loop's thread, inside
+the offending step.
+
+No event loop method is wrapped. A step's edges are found from the stack: the
+walk from the blocking call stops at the task's coroutine frame, at a Python
+loop's dispatch frame (`Handle._run`, ...) or at the frame that entered a
+loop written in C (learned from the `sys.set_asyncgen_hook_*` events every
+loop raises when it starts). The first blocking call of a step schedules one
+delivery callback with `loop.call_soon`; it runs after the step, so callbacks
+never run inside the hook.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import threading
+from asyncio import AbstractEventLoop, Task, current_task
+from asyncio import _get_running_loop as get_running_loop
+from contextvars import Context, copy_context
+from typing import TYPE_CHECKING, Any
+
+from aiocop._common.clock import perf_counter
+from aiocop._interception import allow as _allow
+from aiocop._interception import frames as _frames
+from aiocop._interception import harmless as _harmless
+from aiocop._interception import loops as _loops
+from aiocop._interception import rules as _rules
+from aiocop._interception import wrappers as _wrappers
+from aiocop._interception.frames import Kind
+from aiocop._interception.internals import IMPORT_EVENTS
+from aiocop._model import callbacks as _callbacks
+from aiocop._model import state as _state
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import CodeType, FrameType
+
+logger = logging.getLogger("aiocop")
+
+# How far up a stack the walk goes when it finds no edge of the step.
+_MAX_WALK = 256
+_WRAPPERS_MODULE = "aiocop._interception.wrappers"
+# Handle._run's module: a new frame for every callback and task step, the step's identity.
+_ASYNCIO_DISPATCH = "asyncio.events"
+_WRAPPERS_GLOBALS = vars(_wrappers)  # the f_globals of every wrapper's frame
+_BUFFER_TYPES = (bytes, bytearray, memoryview)
+# Arguments summarised at the call (see _summarize): buffers, which must not
+# be kept alive until delivery, and sockets, whose state by then (closed,
+# fd=-1) says nothing of the call.
+_SUMMARIZED_TYPES = (*_BUFFER_TYPES, socket.socket)
+# Argument types never summarised, told apart by their exact type.
+_PLAIN_ARG_TYPES = frozenset({str, int, float, bool, type(None)})
+_IMPORT_EVENTS = frozenset(IMPORT_EVENTS)
+_UNSET: Any = _allow._UNSET  # the allow caches' "never compiled"
+_LOOP_BOUNDARY_EVENTS = ("sys.set_asyncgen_hook_firstiter",)
+
+
+class _Rule:
+    __slots__ = ("boundary", "condition", "raises", "weight")
+
+    def __init__(
+        self,
+        weight: int,
+        condition: Callable[[tuple[Any, ...]], bool] | None,
+        boundary: bool,
+        raises: Callable[[tuple[Any, ...]], bool] | None = None,
+    ) -> None:
+        self.weight = weight
+        self.condition = condition
+        self.boundary = boundary
+        # Whether raise_on_violations may stop this call (given its arguments);
+        # None: always. Read only when raising is on.
+        self.raises = raises
+
+
+def _blocking_socket(args: tuple[Any, ...]) -> bool:
+    sock: Any = args[0] if args else None
+    try:
+        return bool(sock.gettimeout() != 0.0)
+    except Exception:  # not a socket, or closed: let the call itself decide
+        return True
+
+
+def _positive_delay(args: tuple[Any, ...]) -> bool:
+    delay: Any = args[0] if args else None
+    return isinstance(delay, (int, float)) and delay > 0
+
+
+def _on_disk_database(args: tuple[Any, ...]) -> bool:
+    # sqlite3.connect(":memory:") (or a "file::memory:" URI) reads and writes no file.
+    database: Any = args[0] if args else None
+    if isinstance(database, bytes):
+        database = database.decode(errors="replace")
+    return not (isinstance(database, str) and (database == ":memory:" or database.startswith("file::memory:")))
+
+
+def _never(args: tuple[Any, ...]) -> bool:
+    return False
+
+
+def _delay_over_threshold(args: tuple[Any, ...]) -> bool:
+    delay: Any = args[0] if args else None
+    return not isinstance(delay, (int, float)) or delay * 1000.0 >= _state.config.threshold_ms
+
+
+_RAISES: dict[str, Callable[[tuple[Any, ...]], bool]] = {
+    "never": _never,
+    "delay_over_threshold": _delay_over_threshold,
+}
+
+_CONDITIONS: dict[str, Callable[[tuple[Any, ...]], bool]] = {
+    "blocking_socket": _blocking_socket,
+    "positive_delay": _positive_delay,
+    "on_disk_database": _on_disk_database,
+}
+
+# The hook's lookup: `dict.get` of a table compiled from the live rules, or of
+# an empty dict while detection is off. It is the hook's default argument, not
+# a module global: a local is the fastest read there is, swapping the defaults
+# tuple is atomic (a hook running in another thread sees the old table or the
+# new one), and it survives the interpreter's shutdown, which sets module
+# globals to None while the hook (which cannot be removed) still runs.
+_NO_RULES: dict[str, _Rule] = {}
+
+
+def rebuild() -> None:
+    """Compile the hook's table from the live rules and the on/off switches."""
+    if not (_state.started and _state.active):
+        audit_hook.__defaults__ = (_NO_RULES.get,)
+        return
+    table: dict[str, _Rule] = {
+        event: _Rule(
+            weight,
+            _CONDITIONS.get(_rules.CONDITIONS.get(event, "always")),
+            False,
+            _RAISES.get(_rules.RAISES.get(event, "always")),
+        )
+        for event, weight in _rules.live_weights().items()
+    }
+    for event in _LOOP_BOUNDARY_EVENTS:
+        table[event] = _Rule(0, None, True)
+    audit_hook.__defaults__ = (table.get,)
+
+
+def audit_hook(event: str, args: tuple[Any, ...], _lookup: Callable[[str], _Rule | None] = _NO_RULES.get) -> None:
+    # Hot path: keep the two early exits first and allocation-free. The slow
+    # path is inlined below (a Python call costs more than the rest of it).
+    rule = _lookup(event)
+    if rule is None:
+        return
+    loop = get_running_loop()
+    if loop is None:
+        if rule.boundary:
+            _on_loop_boundary()
+        return
+    if rule.boundary:
+        return
+    state: _ThreadState | None = getattr(_local, "state", None)
+    if state is None:
+        state = current_state()
+    if state.busy or not _state.monitored.get():
+        return
+    condition = rule.condition
+    if condition is not None and not condition(args):
+        return
+    state.busy = True
+    try:
+        captured = _capture(event, args, rule.weight, loop, state)
+        if _callbacks._call_observers and captured is not None and captured[1] is not None:
+            _callbacks.observe_call(captured[1])
+    except Exception:
+        captured = None
+        _internal_error()
+    finally:
+        state.busy = False
+    if (
+        captured is not None
+        and rule.weight > 0
+        and _state.raise_on_violations.get()
+        and (rule.raises is None or rule.raises(args))
+    ):
+        _raise_violation(captured)
+
+
+def _raise_violation(captured: tuple[StepGroup, Record | None]) -> None:
+    group, record = captured
+    if group.score < _state.config.raise_min_score or make_violation is None:
+        return
+    if record is not None and group.raised is None:
+        group.raised = record
+    # Raised from the hook, the exception aborts the call before it runs
+    # and surfaces at the offending line, inside the offending task.
+    raise make_violation(group)
+
+
+class _ThreadState:
+    """What the hook keeps per thread (one instance per thread, see `current_state`)."""
+
+    __slots__ = ("base_frame", "busy", "group", "pending", "pending_loop", "thread_id", "thread_name")
+
+    def __init__(self) -> None:
+        self.busy = False  # inside the hook's slow path or a delivery: ignore events
+        self.group: StepGroup | None = None  # the step currently collecting events
+        # Steps of this loop iteration waiting for the one delivery callback
+        # scheduled by the first of them (None once that callback has run).
+        self.pending: list[StepGroup] | None = None
+        # The loop that delivery callback was scheduled on (not read from the
+        # batch's groups: a group delivered early, by drain() or the pytest
+        # plugin, has let go of its loop).
+        self.pending_loop: AbstractEventLoop | None = None
+        # The frame that called into a running event loop written in C: the
+        # outer edge of its steps. Held only while that loop runs (see
+        # _on_loop_boundary).
+        self.base_frame: FrameType | None = None
+        thread = threading.current_thread()
+        self.thread_id = thread.ident or 0
+        # Read again whenever a loop starts on the thread (Thread.name is a
+        # property: too dear to read per step), as the watchdog does.
+        self.thread_name = thread.name
+
+
+# One attribute of a threading.local, holding a plain object: an attribute of a
+# threading.local costs a per-thread dict look-up on every access, an
+# attribute of a slotted object a pointer read, and the hook makes several.
+_local = threading.local()
+
+
+def current_state() -> _ThreadState:
+    """This thread's hook state (created on first use)."""
+    state: _ThreadState | None = getattr(_local, "state", None)
+    if state is None:
+        state = _local.state = _ThreadState()
+    return state
+
+
+# One intercepted call, kept raw (formatting waits until someone reads it):
+# (event, args, trace, site, time, weight). `trace` is the first frames as
+# (code, f_lasti), innermost first; `site` the user's frame; `time` the
+# perf_counter() of the call. A plain tuple: the hot path builds one per call.
+# `app`: the innermost frame of the application's own code (not an installed
+# library's), when there is one.
+Record = tuple[
+    str,
+    tuple[Any, ...],
+    list[tuple["CodeType", int]],
+    "tuple[CodeType, int] | None",
+    float,
+    int,
+    "tuple[CodeType, int] | None",
+]
+
+
+class StepGroup:
+    """The blocking calls of one step of one loop, delivered together.
+
+    One is made per step with a blocking call, in `_capture`, which sets
+    the fields below directly (an __init__ would cost a second Python call;
+    calling the class, which has none, costs less than `object.__new__`).
+    The fields most steps never change are class-level defaults. Once
+    delivered, the group is what its event's fields are computed from, and
+    drops what it held only to find and run its step (loop, key and task
+    become None, context an empty one).
+    """
+
+    loop: AbstractEventLoop | None
+    key: object  # what identifies the step: its task, or a callback's outermost frame
+    # The step as the watchdog names it (`_watchdog.step_of`): asyncio's
+    # dispatch frame, else the step's outermost frame. A stall of this very
+    # step joins its event; any other step's stall is its own event.
+    ident: object = None
+    task: Task[Any] | None
+    thread_id: int
+    thread_name: str
+    context: Context  # a copy of the context at the step's first blocking call
+    records: list[Record]
+    t_first: float  # perf_counter() of the first blocking call
+
+    dropped = 0  # blocking calls not kept: the step's buffer was full
+    score = 0
+    imports = False  # a record is an import: what failed to import is noted at delivery
+    t_end = 0.0  # perf_counter() when the step was seen to be over
+    raised: Record | None = None  # the call raise_on_violations failed first
+    stall: Any = None  # the watchdog's view of this step, if it stalled
+    # What the context providers returned at the step's first blocking call,
+    # inside the step (as 1.x did): a provider may read state that is gone
+    # once the step is over. None: no provider was registered then.
+    provided: dict[str, Any] | None = None
+
+
+# Groups scheduled for delivery and not yet delivered. Whoever pops a
+# group (the loop's delivery callback, or the off-loop fallback when a loop
+# stopped first) delivers it; dict.pop is atomic, so it happens once.
+unclaimed: dict[StepGroup, StepGroup] = {}
+# Set by _delivery: (batch of groups) -> None, run on the loop thread after the steps.
+flush_callback: Callable[[list[StepGroup]], None] | None = None
+# Set by _delivery: delivers groups whose loop stopped before their delivery
+# callback ran (`at_boundary`: called as a loop starts or stops on this thread).
+orphan_handler: Callable[[list[StepGroup], bool], None] | None = None
+# Set by _delivery: builds the exception raised by raise_on_violations.
+make_violation: Callable[[StepGroup], BaseException] | None = None
+
+# Set by _api while the watchdog runs: registers the running loop of this thread.
+register_loop: Callable[[AbstractEventLoop, FrameType | None], None] | None = None
+
+_internal_errors = 0
+
+
+def _internal_error(what: str = "recording a blocking call") -> None:
+    # aiocop must never break the application: log the first few failures
+    # and carry on without the event.
+    global _internal_errors
+    _internal_errors += 1
+    if _internal_errors <= 3:
+        logger.exception("aiocop: internal error while %s (ignored)", what)
+
+
+def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost more than its steps
+    event: str, args: tuple[Any, ...], weight: int, loop: AbstractEventLoop, state: _ThreadState
+) -> tuple[StepGroup, Record | None] | None:
+    """Record the call in its step's group; `None` if it is not to be reported.
+
+    A walk up the stack from the caller of the event to the step's edge
+    finds the step's frames; it stops at the task's coroutine frame, at a
+    Python loop's dispatch frame (`Handle._run`, ...), or at the frame that
+    entered a loop written in C (`state.base_frame`). Known-harmless calls
+    are dropped at the walk's first frame and allowed ones after it, before
+    any of the costly work: only a call to report pays for its trace (the
+    first `trace_depth` frames as (code, f_lasti): the line number is worked
+    out only when someone formats the event), its user's and application's
+    frames, even beyond that depth, the clock and its step's group.
+    """
+    scoped = _allow.scoped_rules.get()
+    allow: _allow.Matcher | None = None
+    if _allow._global_rules or scoped:
+        # _allow.matcher, its global cache read inline (a call costs more).
+        allow = _allow._global_matchers.get(event, _UNSET) if not scoped else _UNSET
+        if allow is _UNSET:
+            allow = _allow.matcher(event, scoped)
+    if allow is not None and allow.always:
+        return None  # allowed wherever it is made
+    task = current_task(loop)
+    base = state.base_frame
+    root: FrameType | None = None
+    if task is not None and base is None:
+        # The task's coroutine frame bounds the step. Only needed when the
+        # loop's entry frame is unknown (detection started inside a running
+        # loop): reading cr_frame is an audit event of its own.
+        root = getattr(task.get_coro(), "cr_frame", None)
+    frames: list[FrameType] = []
+    kinds: list[int] = []  # each frame's kind
+    # For an import: the index in `frames` of the outermost frame that
+    # started an import (the line that imported the package whose modules
+    # import the rest): the import chain's one application line.
+    importer = 0
+    outer: FrameType | None = None  # the outermost frame of the step, aiocop's own included
+    ident: FrameType | None = None  # asyncio's dispatch frame, where there is one
+    module_kinds = _frames._module_kinds
+    # 0: _capture, 1: audit_hook, 2: whoever raised the event: most often one
+    # of aiocop's wrappers, whose caller is the first frame of interest.
+    frame: FrameType | None = sys._getframe(2)
+    if frame is not None and frame.f_globals is _WRAPPERS_GLOBALS:
+        frame = frame.f_back
+    while frame is not None:
+        if frame is base:  # (never `root`: there is a root only when there is no base)
+            break
+        name = frame.f_globals.get("__name__")
+        kind = module_kinds.get(name)
+        if kind is None:
+            kind = _frames.frame_kind(frame)
+        if kind:  # not the user's code (USER is 0): the step's edges are among these
+            if kind == _AIOCOP:
+                if frames and name == _WRAPPERS_MODULE:
+                    return None  # nested inside an outer aiocop wrapper: reported once, by it
+                outer = frame
+                frame = frame.f_back
+                continue
+            if kind == _LOOP:
+                roles = _frames.LOOP_ROLES.get(name)  # type: ignore[arg-type]
+                if roles is not None:
+                    role = roles.get(frame.f_code.co_name)
+                    if role == "dispatch":
+                        if name == _ASYNCIO_DISPATCH:
+                            ident = frame
+                        break
+                    if role == "core":
+                        return None  # the loop's own machinery, outside any step
+            elif kind == _IMPORTLIB:
+                if event != "import":
+                    return None  # part of an import, reported as the `import` event
+                # The import event itself, raised inside the import system
+                # (3.15 raises it from importlib's own frames): its caller is
+                # the code that imported, past them. And a module being
+                # imported that imports: the next frame out started it.
+                importer = len(frames)
+                outer = frame
+                frame = frame.f_back
+                continue
+        if not frames:
+            # The caller. Whether the call is a known-harmless internal is
+            # decided here, before the rest of the walk: a debug-mode loop
+            # makes hundreds of them per connection. The rules the event and
+            # the caller's module leave in play are nearly always none (two
+            # dict look-ups, see _harmless).
+            in_play = _harmless.in_play.get(event)
+            harmless = in_play.get(name) if in_play is not None else None
+            if harmless is None:
+                harmless = _harmless.rules_in_play(event, name, kind)
+            if harmless and _harmless.any_matches(harmless, args, frame, base, loop, (event, name)):
+                return None
+        # A module the matcher knows it allows settles it without a call.
+        if allow is not None and (allow.by_name.get(name) or allow.frame_allowed(frame, name)):
+            return None  # the rest of the walk is not needed
+        frames.append(frame)
+        kinds.append(kind)
+        outer = frame
+        if frame is root or len(frames) >= _MAX_WALK:
+            break
+        frame = frame.f_back
+    if not frames:
+        return None
+    if ident is None and outer is root and root is not None:
+        # The walk stopped at the task's coroutine frame (the loop started
+        # before aiocop saw it): name the step as the watchdog does, by
+        # asyncio's dispatch frame just outside, so that a stall of this very
+        # step joins its event rather than cutting it short.
+        ident = _dispatch_outside(root)
+
+    # Only a call to report pays for the trace: the first `trace_depth`
+    # frames as (code, f_lasti), the user's frame and the application's,
+    # even beyond that depth (reading f_code is an audit event of its own).
+    trace: list[tuple[CodeType, int]] = []
+    site: tuple[CodeType, int] | None = None
+    app: tuple[CodeType, int] | None = None
+    trigger: tuple[CodeType, int] | None = None  # an import's first user frame from `importer` out
+    depth = _state.config.trace_depth
+    app_modules = _frames._app_modules
+    # One pass by index (no enumerate(zip(...)) to build and tear down): while
+    # under `depth`, every frame joins the trace, so len(trace) == index.
+    for index in range(len(frames)):
+        frame = frames[index]
+        pair: tuple[CodeType, int] | None = None
+        if index < depth:
+            pair = (frame.f_code, frame.f_lasti)
+            trace.append(pair)
+        elif site is not None and app is not None:
+            break
+        if not kinds[index]:
+            if site is None:
+                site = pair = pair or (frame.f_code, frame.f_lasti)
+            if index >= importer:
+                if trigger is None:
+                    trigger = pair = pair or (frame.f_code, frame.f_lasti)
+                if app is None:
+                    # _frames.is_app, its cache read inline (a call costs more).
+                    in_app = app_modules.get(frame.f_globals.get("__name__"))
+                    if in_app is None:
+                        in_app = _frames.is_app(frame)
+                    if in_app:
+                        app = pair or (frame.f_code, frame.f_lasti)
+    if app is None and importer:
+        # A library's import chain with no application frame (a server
+        # importing its protocol modules at start-up): the line that started
+        # it, one row for the whole chain, rather than each nested module.
+        app = trigger
+
+    now = perf_counter()
+    group = state.group
+    # A task steps at most once per loop iteration, so the task identifies the
+    # step; a plain callback by its outermost frame, not its function: two
+    # runs of one function (two requests' callbacks, each in its own context)
+    # are two steps. The group holds that frame until delivery, next iteration.
+    key: object = task if task is not None else frames[-1]
+    if group is None or group.key is not key or group.loop is not loop or group.t_end:
+        if group is not None and not group.t_end:
+            group.t_end = now  # a new step began, so the previous one had ended
+        group = state.group = StepGroup()
+        group.loop = loop
+        group.key = key
+        group.ident = ident if ident is not None else outer
+        group.task = task
+        group.thread_id = state.thread_id
+        group.thread_name = state.thread_name
+        group.context = copy_context()
+        if _callbacks._providers:
+            group.provided = _callbacks.capture_context()  # under `busy`: their own calls are not the app's
+        group.records = []
+        group.t_first = now
+        unclaimed[group] = group
+        pending = state.pending
+        if pending is not None and state.pending_loop is loop:
+            pending.append(group)  # the delivery callback of this iteration is scheduled already
+        else:
+            _schedule(group, loop, state)
+        if register_loop is not None:
+            # A loop the watchdog may not know (one that sets no asyncgen hooks,
+            # or bound them before aiocop wrapped them), with its edge. Known
+            # nearly always: that check is made here (a call costs more).
+            watch = _loops.watches.get(state.thread_id)
+            if watch is None or watch.loop_ref() is not loop:
+                register_loop(loop, state.base_frame)
+    record: Record | None = None
+    if len(group.records) < _state.config.max_events_per_step:
+        for arg in args:
+            # A path or a number (nearly every call) settles by its exact type.
+            if type(arg) not in _PLAIN_ARG_TYPES and isinstance(arg, _SUMMARIZED_TYPES):
+                args = _summarize(args)
+                break
+        record = (event, args, trace, site, now, weight, app)
+        group.records.append(record)
+        if event in _IMPORT_EVENTS:
+            group.imports = True  # what it failed to import is noted at delivery
+    else:
+        group.dropped += 1
+    group.score += weight
+    return group, record
+
+
+def _dispatch_outside(root: FrameType) -> FrameType | None:
+    """asyncio's `Handle._run` frame a few frames outside a task's coroutine frame, if there is one."""
+    frame = root.f_back
+    for _ in range(4):  # Task.__step_run_and_handle_result, Task.__step, Context.run, Handle._run
+        if frame is None:
+            return None
+        if frame.f_globals.get("__name__") == _ASYNCIO_DISPATCH and _frames.is_step_edge(frame, _ASYNCIO_DISPATCH):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+# The kinds as plain ints for the walk: reading an enum member is a class
+# attribute look-up, comparing with a local int is not.
+_USER, _LOOP, _AIOCOP, _IMPORTLIB = int(Kind.USER), int(Kind.LOOP), int(Kind.AIOCOP), int(Kind.IMPORTLIB)
+
+
+def _summarize(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    # Never keep a large buffer alive until delivery: keep its size instead.
+    # A socket: what identifies it now, read without a system call.
+    return tuple(
+        BufferSummary(len(a))
+        if isinstance(a, _BUFFER_TYPES)
+        else SocketSummary(a)
+        if isinstance(a, socket.socket)
+        else a
+        for a in args
+    )
+
+
+class SocketSummary:
+    """A socket as it was at the call: its descriptor, family and type (its repr, read later, says "closed")."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, sock: socket.socket) -> None:
+        try:
+            family = getattr(sock.family, "name", sock.family)
+            kind = getattr(sock.type, "name", sock.type)
+            self.text = f"<socket fd={sock.fileno()} {family} {kind}>"
+        except Exception:  # an odd subclass: its type name is enough
+            self.text = f"<{type(sock).__name__}>"
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+class BufferSummary:
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"<{self.size} bytes>"
+
+
+def _schedule(group: StepGroup, loop: AbstractEventLoop, state: _ThreadState) -> None:
+    # One delivery callback per loop iteration, not per step: the first step
+    # with a blocking call schedules it, later ones in the same iteration join
+    # its batch (call_soon'd callbacks run in the next iteration, after them;
+    # _capture appends them to `state.pending` itself).
+    pending = state.pending
+    # A batch of another loop is stale: that loop stopped before its delivery
+    # callback ran (loops that raise no start/stop event never reset it).
+    if pending is not None:
+        stale = [g for g in pending if g in unclaimed]
+        if stale and orphan_handler is not None:
+            orphan_handler(stale, False)  # delivered off the loop, now rather than at exit
+    state.pending = pending = [group]
+    state.pending_loop = loop
+    if flush_callback is None:
+        return
+    try:
+        loop.call_soon(flush_callback, pending, context=_EMPTY_CONTEXT.copy())
+    except Exception:
+        # The loop refused (closing?): the off-loop fallback delivers these
+        # when the loop stops or the process exits.
+        state.pending = state.pending_loop = None
+        logger.debug("aiocop: could not schedule delivery on %r", loop, exc_info=True)
+
+
+_EMPTY_CONTEXT = Context()
+
+
+def _on_loop_boundary() -> None:
+    # A loop is starting or stopping on this thread; either way it is not the
+    # running loop (yet, or any more). The event fires before the hooks change:
+    # if they are still a loop's, that loop is stopping.
+    state = current_state()
+    firstiter = sys.get_asyncgen_hooks().firstiter
+    stopping = isinstance(getattr(firstiter, "__self__", None), AbstractEventLoop)
+    # For loops written in C, the frame that called into the loop is the
+    # outer edge of every step; keep it only while the loop runs.
+    if stopping:
+        state.base_frame = None
+    else:
+        # The caller of sys.set_asyncgen_hooks, past aiocop's own wrapper of
+        # it (installed with the watchdog).
+        frame: FrameType | None = sys._getframe(2)
+        while frame is not None and frame.f_globals.get("__name__", "").startswith("aiocop."):
+            frame = frame.f_back
+        state.base_frame = frame
+        state.thread_name = threading.current_thread().name
+    state.group = None
+    state.pending = state.pending_loop = None
+    # Hand any group whose delivery callback may never run (its loop stopped
+    # first) to the off-loop worker.
+    ident = threading.get_ident()
+    orphans = [g for g in list(unclaimed) if g.thread_id == ident]
+    if orphans and orphan_handler is not None and not state.busy:
+        state.busy = True
+        try:
+            orphan_handler(orphans, True)
+        except Exception:
+            _internal_error()
+        finally:
+            state.busy = False
+
+
+def claim(group: StepGroup) -> bool:
+    """Take the right to deliver `group`; true for exactly one caller."""
+    return unclaimed.pop(group, None) is not None
+
+
+def reset_current_step() -> None:
+    """Forget the blocking calls recorded so far in the current step of this thread."""
+    group = current_state().group
+    if group is not None and not group.t_end:
+        group.records.clear()
+        group.dropped = 0
+        group.score = 0
+
+
+_installed = False
+
+
+def install() -> None:
+    """Add the audit hook once per process (audit hooks cannot be removed)."""
+    global _installed
+    if not _installed:
+        sys.addaudithook(audit_hook)
+        _installed = True

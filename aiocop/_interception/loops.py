@@ -1,0 +1,392 @@
+"""Which threads are running an event loop right now, for the stall watchdog.
+
+Every loop that supports async generators calls `sys.set_asyncgen_hooks()`
+on its own thread when it starts (with its own methods as hooks) and again
+when it stops (restoring the previous hooks); loops written in Python also
+call `asyncio.events._set_running_loop()`. Thin wrappers around those two
+functions learn each loop, its thread and the frame that called into it,
+whatever the loop is written in. A loop that makes neither call is registered
+by the audit hook at its first blocking call, or found by the watchdog on the
+stack of a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio.events
+import contextlib
+import contextvars
+import logging
+import os
+import sys
+import threading
+import time
+import weakref
+from asyncio import AbstractEventLoop, _get_running_loop
+from collections import deque
+from typing import TYPE_CHECKING, Any, Protocol
+
+from aiocop._common import forksafe as _forksafe
+from aiocop._common.clock import perf_counter
+from aiocop._interception.internals import LOOP_FRAMES
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
+
+logger = logging.getLogger("aiocop")
+
+
+class LoopWatch:
+    """A running loop and the watchdog's view of it."""
+
+    __slots__ = (
+        "armed",
+        "base_frame",
+        "beat_done",
+        "beat_posted",
+        "cpu_clock",
+        "discovered",
+        "idle_cpu",
+        "idle_t",
+        "last_io",
+        "last_io_ident",
+        "loop_name",
+        "loop_ref",
+        "own",
+        "probe_cpu",
+        "probe_seen",
+        "step",
+        "thread_id",
+        "thread_name",
+        "tripped",
+        "tripwire",
+        "unarmable",
+    )
+
+    def __init__(self, loop: AbstractEventLoop, base_frame: FrameType | None, thread_id: int | None = None) -> None:
+        if thread_id is None:
+            thread = threading.current_thread()
+            self.thread_id = thread.ident or 0
+            self.thread_name = thread.name
+        else:  # a loop found on another thread's stack
+            self.thread_id = thread_id
+            self.thread_name = next((t.name for t in threading.enumerate() if t.ident == thread_id), "")
+        self.loop_ref = weakref.ref(loop)
+        cls = type(loop)
+        # object.__repr__ gives the address without id() (an audited call).
+        address = object.__repr__(loop).rpartition(" at ")[2].rstrip(">")
+        self.loop_name = f"{cls.__module__}.{cls.__qualname__}@{address}"
+        self.base_frame = base_frame
+        self.cpu_clock = _cpu_clock(self.thread_id)
+        # Found by the watchdog, not told by the loop's start: its stop is not
+        # told either, and is noticed when the watchdog sees it not running.
+        self.discovered = False
+        # Owned by the watchdog thread (see _stalls/watchdog.py).
+        self.step: Any = None
+        self.beat_posted = 0.0  # perf_counter() of the heartbeat in flight, or 0
+        self.beat_done = 0.0  # when the last heartbeat ran on the loop
+        self.last_io: tuple[float, float] = (0.0, 0.0)  # window of the last io event delivered
+        # and the hash() of its step (`_watchdog.step_of`, a frame, whose hash
+        # is its address, as id() would give without id()'s audit event): not
+        # the frame itself, which would keep its locals (the task) alive. An
+        # address can be reused once the frame has gone, but only by a step
+        # that began after that delivery, which the window tells apart.
+        self.last_io_ident = 0
+        self.idle_t = 0.0  # last poll that saw the loop idle, and its CPU clock then
+        self.idle_cpu: float | None = None
+        # CPU time this thread spent in the loop-delay probe's ticks (with an
+        # allowance for the loop's own work around each), added by the loop's
+        # thread: the watchdog does not take it for the loop waking up.
+        self.probe_cpu = 0.0
+        self.probe_seen = 0.0  # probe_cpu at the watchdog's last look (owned by the watchdog)
+        # The tripwire (_stalls/tripwire.py): armed while the watchdog sleeps long,
+        # and when it last fired (perf_counter(), written by the loop's thread
+        # as the loop woke), and the profile function it installed.
+        self.armed = False
+        self.tripped = 0.0
+        self.tripwire: Callable[..., object] | None = None
+        self.unarmable = False  # its thread had a profile function of its own: never armed again
+        self.own = False  # the loop runs aiocop's own callback (the probe's tick): the tripwire lets it pass
+
+    @property
+    def loop(self) -> AbstractEventLoop | None:
+        return self.loop_ref()
+
+    def delivered(self, ident: object, start: float, end: float) -> None:
+        """An io event of step `ident`, lasting from `start` to `end`, has been delivered (under merge_lock).
+
+        A stall of that step the watchdog finishes later (its look was taken
+        before the delivery) is not reported again.
+        """
+        self.last_io = (start, end)
+        self.last_io_ident = hash(ident)  # not id(): an audit event (issue 26)
+
+    def cpu_time(self) -> float | None:
+        if self.cpu_clock is None:
+            return None
+        try:
+            return time.clock_gettime(self.cpu_clock)
+        except OSError:  # the thread has gone
+            return None
+
+
+def _cpu_clock(thread_id: int) -> int | None:
+    # The loop thread's own CPU clock, readable from the watchdog: it tells
+    # a CPU-bound stall from a wait, and when a CPU-bound stall began.
+    try:
+        return time.pthread_getcpuclockid(thread_id)
+    except (AttributeError, OSError):  # not on this platform
+        return None
+
+
+# thread id -> the loop running on it. Written by loop threads (start/stop),
+# read by the watchdog; replaced whole on every change so readers never see
+# a dict being resized.
+watches: dict[int, LoopWatch] = {}
+_watch_lock = _forksafe.lock()
+# Called with the new watch when a loop starts (the watchdog wakes up).
+on_change: Callable[[], None] | None = None
+# Called by a loop's thread as the loop stops, after its last step, with the
+# loop's watch, the time and the thread's CPU time (set by _delivery).
+on_stop: Callable[[LoopWatch, float, float | None], None] | None = None
+# Loops that stopped since the watchdog last looked, with when they stopped and
+# their thread's CPU time then. The watchdog finishes the step each one was
+# in: without this a stall in a loop's very last step (a test body that never
+# awaits after a CPU-bound call) went unreported, its watch gone before the
+# watchdog saw the step end. Only the watchdog thread takes entries; bounded
+# in case it is slow to look.
+retired: deque[tuple[LoopWatch, float, float | None]] = deque(maxlen=64)
+
+
+class LoopListener(Protocol):
+    """Told when a loop is first seen running and when it stops (the loop-delay probe)."""
+
+    def loop_started(self, loop: AbstractEventLoop) -> None:
+        """`loop` runs, or was found running: called from any thread, maybe before its first step."""
+
+    def loop_stopped(self, loop: AbstractEventLoop) -> None:
+        """`loop` stopped, after its last step: called from its own thread."""
+
+
+# Replaced, never mutated (read without a lock by the loops' threads).
+listeners: tuple[LoopListener, ...] = ()
+
+
+def _tell(method: str, loop: AbstractEventLoop | None) -> None:
+    for listener in listeners:
+        try:
+            if loop is not None:
+                getattr(listener, method)(loop)
+        except Exception:  # a listener never breaks a loop's start or stop
+            logger.exception("aiocop: a loop listener failed (ignored)")
+
+
+def register(
+    loop: AbstractEventLoop, base_frame: FrameType | None, thread_id: int | None = None, *, starting: bool = False
+) -> LoopWatch:
+    """Record that `loop` runs on the current thread (or the given one).
+
+    `starting`: called by the loop's own thread as it starts, before its first step.
+    """
+    global watches
+    current = watches.get(threading.get_ident() if thread_id is None else thread_id)
+    if current is not None and current.loop is loop:
+        if base_frame is not None:
+            current.base_frame = base_frame
+        return current  # the same start, seen through a second signal
+    if current is not None:
+        # Another loop on this thread, whose stop aiocop was not told of (one
+        # found running): it stopped by now. The watchdog finishes the step
+        # it was in (a stall in its last step), as for a loop that stopped.
+        current.base_frame = None
+        current.armed = False
+        retired.append((current, perf_counter(), current.cpu_time()))
+    watch = LoopWatch(loop, base_frame, thread_id)
+    if starting:
+        # The loop is idle at this moment. Without a look at it idle, the
+        # watchdog would time a step it first sees already running from a
+        # guess half an idle interval back, and report a short first step
+        # (a test body right after its loop started) as a stall.
+        watch.idle_t = perf_counter()
+        watch.idle_cpu = watch.cpu_time()
+    with _watch_lock:
+        watches = {**watches, watch.thread_id: watch}
+    if on_change is not None:
+        on_change()
+    if listeners:
+        _tell("loop_started", loop)
+    return watch
+
+
+def unregister(thread_id: int, *, stopping: bool = False) -> None:
+    """Forget the loop of a thread; `stopping`: called by that thread as its loop stops."""
+    global watches
+    with _watch_lock:
+        watch = watches.get(thread_id)
+        if watch is None:
+            return
+        watches = {k: v for k, v in watches.items() if k != thread_id}
+    watch.base_frame = None  # the loop no longer runs: keep no frame (and its locals) alive
+    watch.armed = False  # a tripwire still installed on its thread removes itself at its next event
+    if stopping and watch.tripwire is not None and sys.getprofile() is watch.tripwire:
+        sys.setprofile(None)  # (this thread's own: the application's code after the loop runs unprofiled)
+    if stopping:
+        stopped, cpu = perf_counter(), watch.cpu_time()
+        retired.append((watch, stopped, cpu))  # in case the watchdog's look, already under way, sees it after
+        if on_stop is not None:
+            on_stop(watch, stopped, cpu)
+        if listeners:
+            _tell("loop_stopped", watch.loop)
+
+
+def ensure_registered(loop: AbstractEventLoop, base_frame: FrameType | None = None) -> None:
+    """Register the loop running on this thread if no start was seen (e.g. veloxloop).
+
+    `base_frame`: the frame that called into the loop, as the audit hook saw
+    it start (a loop written in C that bound the start signals before aiocop
+    wrapped them, Leviathan, still raises the native audit event): the edge
+    of its steps. Loops written in Python are bounded by their own frames.
+    """
+    watch = watches.get(threading.get_ident())
+    if watch is None or watch.loop is not loop:
+        python_loop = type(loop).__module__.partition(".")[0] in PYTHON_LOOP_PACKAGES
+        if python_loop or base_frame is not None:
+            register(loop, None if python_loop else base_frame)
+            return
+        # A loop written in C, in the middle of a step, whose start aiocop did
+        # not see (set up by the application's import, inside a uvicorn
+        # worker's running uvloop): the frame that called into the loop, the
+        # edge of its steps, is below the callbacks it runs, not below this
+        # step's frames. Registered without it, the watchdog could tell none
+        # of its steps, and so none of its stalls: it registers itself from
+        # its next callback instead.
+        with contextlib.suppress(RuntimeError):  # closing
+            loop.call_soon(_register_from_callback, loop, context=contextvars.Context())
+
+
+PYTHON_LOOP_PACKAGES = frozenset(f.module.partition(".")[0] for f in LOOP_FRAMES)
+# Modules of loops that bind both start signals when imported (Leviathan):
+# imported before aiocop is set up, they start and stop unseen, and only a
+# look at the threads' stacks finds them. With one imported, the watchdog's
+# thread runs while detection is on, a loop known to run or not.
+UNANNOUNCED_LOOP_MODULES: set[str] = {"leviathan"}
+
+
+def unannounced_loops_possible() -> bool:
+    """Whether a loop that announces nothing may start (its module is imported): the watchdog must look for it."""
+    modules = sys.modules
+    return any(name in modules for name in UNANNOUNCED_LOOP_MODULES)
+
+
+_MISSING = object()
+# The two calls wrapped below, as they were before aiocop wrapped them. Kept
+# once set, never reset: anyone who bound a wrapper while aiocop was installed
+# (rloop does `from asyncio.events import _set_running_loop`) still calls it
+# after stop(), and it must then pass through to the original.
+_original_set_hooks: Callable[..., Any] = sys.set_asyncgen_hooks
+_original_set_running: Callable[[AbstractEventLoop | None], None] = asyncio.events._set_running_loop
+_tracking = False  # between install() and uninstall(): the wrappers record starts and stops
+# The process that records them. In a forked child, other fork handlers run
+# before aiocop's (asyncio's resets the running loop through the wrapper below,
+# while aiocop's locks may still be held by a thread the fork left behind): the
+# child records nothing until aiocop's own handler has reset them and this.
+_tracking_pid = 0
+_install_lock = _forksafe.lock()
+
+
+def _set_asyncgen_hooks(*args: Any, **kwargs: Any) -> Any:
+    if not _tracking or _tracking_pid != os.getpid():
+        return _original_set_hooks(*args, **kwargs)
+    firstiter = kwargs.get("firstiter", args[0] if args else _MISSING)
+    owner = getattr(firstiter, "__self__", None)
+    try:
+        if isinstance(owner, AbstractEventLoop):
+            # A loop starts. For a loop written in C, the frame that called it
+            # bounds its steps; a loop written in Python is bounded by its own
+            # dispatch frames (_internals.LOOP_FRAMES), so nothing is kept for
+            # it (holding a frame keeps its locals alive).
+            python_loop = type(owner).__module__.partition(".")[0] in PYTHON_LOOP_PACKAGES
+            register(owner, None if python_loop else sys._getframe(1), starting=True)
+        elif firstiter is not _MISSING:
+            unregister(threading.get_ident(), stopping=True)  # hooks restored: the loop stopped
+    except Exception:  # never let bookkeeping break a loop's start
+        logger.exception("aiocop: could not track an event loop start/stop (ignored)")
+    return _original_set_hooks(*args, **kwargs)
+
+
+def _set_running_loop(loop: AbstractEventLoop | None) -> None:
+    # The other start/stop signal, for loops written in Python that set no
+    # asyncgen hooks (veloxloop): they call asyncio.events._set_running_loop.
+    if not _tracking or _tracking_pid != os.getpid():
+        _original_set_running(loop)
+        return
+    try:
+        if isinstance(loop, AbstractEventLoop):
+            python_loop = type(loop).__module__.partition(".")[0] in PYTHON_LOOP_PACKAGES
+            register(loop, None if python_loop else sys._getframe(1), starting=True)
+        elif loop is None:
+            unregister(threading.get_ident(), stopping=True)
+    except Exception:
+        logger.exception("aiocop: could not track an event loop start/stop (ignored)")
+    _original_set_running(loop)
+
+
+def install() -> None:
+    """Wrap the two calls every loop makes when it starts and stops (idempotent),
+    and register a loop already running here."""
+    global _original_set_hooks, _original_set_running, _tracking, _tracking_pid
+    with _install_lock:  # from several threads at once: wrapped once, never a wrapper of the wrapper
+        if sys.set_asyncgen_hooks is not _set_asyncgen_hooks:
+            _original_set_hooks = sys.set_asyncgen_hooks
+            sys.set_asyncgen_hooks = _set_asyncgen_hooks
+        if asyncio.events._set_running_loop is not _set_running_loop:
+            _original_set_running = asyncio.events._set_running_loop
+            asyncio.events._set_running_loop = _set_running_loop
+        _tracking, _tracking_pid = True, os.getpid()
+    running = _get_running_loop()
+    if running is not None:
+        ensure_registered(running)
+
+
+def _register_from_callback(loop: AbstractEventLoop) -> None:
+    # Run by `loop` itself: the frame below is the one that called into it,
+    # if any (a loop run from C or Rust, with no Python frame under it, has
+    # none: registered without, as before). Never raises into the loop.
+    if not _tracking:
+        return
+    try:
+        caller: FrameType | None = sys._getframe(1)
+    except ValueError:
+        caller = None
+    try:
+        register(loop, caller)
+    except Exception:
+        logger.exception("aiocop: could not track an event loop (ignored)")
+
+
+def uninstall() -> None:
+    global watches, _tracking
+    with _install_lock:
+        _tracking = False
+        if sys.set_asyncgen_hooks is _set_asyncgen_hooks:
+            sys.set_asyncgen_hooks = _original_set_hooks
+        if asyncio.events._set_running_loop is _set_running_loop:
+            asyncio.events._set_running_loop = _original_set_running
+    with _watch_lock:
+        watches = {}
+    retired.clear()
+
+
+def reinit_after_fork() -> None:
+    global watches, _tracking_pid  # (_watch_lock is reset by _forksafe)
+    # Only the forking thread survives; its loop (if any) keeps running there,
+    # unless asyncio's own fork handler (3.12+) has just reset it.
+    ident = threading.get_ident()
+    keep = _get_running_loop() is not None
+    watches = {k: v for k, v in watches.items() if k == ident and keep}
+    _tracking_pid = os.getpid()
+    retired.clear()
+    for watch in watches.values():
+        watch.thread_id = ident
+        watch.cpu_clock = _cpu_clock(ident)
+        watch.step = None

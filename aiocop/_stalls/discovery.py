@@ -1,0 +1,211 @@
+"""Loops aiocop was not told about, found stepping on the stacks of the other threads (issue 29).
+
+A loop written in C that bound its start signals before aiocop wrapped them
+(Leviathan looks up `sys.set_asyncgen_hooks` and `asyncio._set_running_loop`
+once, at import) starts unseen; so does a loop started in another thread
+before aiocop was set up. At every look of the watchdog, each thread with no
+known loop whose CPU clock moved since its stack was last walked is walked
+whole: a coroutine or generator frame executing there is a task's step, and
+the frames below the step's outermost one are the loop's (for a loop written
+in C, that frame is the one that called into it: the edge of its steps, as
+the start signal would have given). The loop, held by that frame (a local,
+or `asyncio.Runner`'s), is registered there and then, with that edge, and
+the step is timed from the last moment the thread was known not to be in it
+(its previous look): a stall in the loop's very first step, or a hang, is
+reported like any other.
+
+A thread whose CPU clock has not moved is where its last walk left it, and
+is not walked again: an idle process pays one clock read per thread per
+look.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiocop._interception import loops as _loops
+
+if TYPE_CHECKING:
+    from types import CodeType, FrameType
+
+    from aiocop._interception.loops import LoopWatch
+
+# inspect.CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR
+# (fixed values; inspect is not imported for them).
+_CO_STEP = 0x20 | 0x80 | 0x100 | 0x200
+_MAX_WALK = 256
+# Frames below a step's outermost one that may hold its loop: the caller of
+# run_until_complete, asyncio.Runner.run (its `_loop`), a loop class's own
+# run_forever written in Python.
+_HOLDERS = 3
+
+
+class _Thread:
+    """What the watchdog last knew of a thread running no known loop."""
+
+    __slots__ = ("clock", "cpu", "no_loop", "t")
+
+    def __init__(self, thread_id: int, now: float) -> None:
+        self.clock = _cpu_clock(thread_id)
+        self.cpu: float | None = None  # its CPU clock when its stack was last walked (None: never)
+        self.t = now  # the last moment it was known not to be in a step of an unknown loop
+        # The frame (id and code) a step was last found on that holds no
+        # running loop (sync code iterating a generator): not looked at again.
+        self.no_loop: tuple[int, CodeType] | None = None
+
+
+def _cpu_clock(thread_id: int) -> int | None:
+    try:
+        return time.pthread_getcpuclockid(thread_id)
+    except (AttributeError, OSError):  # not on this platform
+        return None
+
+
+def _read(clock: int | None) -> float | None:
+    if clock is None:
+        return None
+    try:
+        return time.clock_gettime(clock)
+    except OSError:  # the thread has gone
+        return None
+
+
+class Finder:
+    """The watchdog's view of the threads running no known loop. Used by the watchdog thread only."""
+
+    def __init__(self) -> None:
+        self.threads: dict[int, _Thread] = {}
+
+    def quiet(self) -> bool:
+        """Whether no such thread used any CPU since its last walk (the watchdog's cheap look)."""
+        return all(thread.cpu is not None and _read(thread.clock) == thread.cpu for thread in self.threads.values())
+
+    def read(self, frames: dict[int, FrameType], watches: dict[int, LoopWatch], now: float) -> dict[int, float | None]:
+        """The CPU clocks, now, of the threads in `frames` that run no known loop (aiocop's own left out)."""
+        threads = self.threads
+        for gone in [tid for tid in threads if tid not in frames or tid in watches]:
+            del threads[gone]
+        readings: dict[int, float | None] = {}
+        for thread_id in frames:
+            if thread_id in watches:
+                continue
+            thread = threads.get(thread_id)
+            if thread is None:
+                if _is_aiocops(thread_id):
+                    continue
+                thread = threads[thread_id] = _Thread(thread_id, now)
+            readings[thread_id] = _read(thread.clock)
+        return readings
+
+    def adopt(self, thread_id: int, seen: float, cpu: float | None) -> None:
+        """`thread_id`'s loop stopped, last seen at `seen` (its CPU clock `cpu` then): a thread with no known loop."""
+        thread = self.threads[thread_id] = _Thread(thread_id, seen)
+        thread.cpu = cpu
+
+    def look(self, frames: dict[int, FrameType], readings: dict[int, float | None], now: float) -> list[LoopWatch]:
+        """Register the loops found stepping; returns their watches.
+
+        `readings`: the threads' CPU clocks at the snapshot `frames` (and `now`).
+        """
+        found: list[LoopWatch] = []
+        for thread_id, cpu in readings.items():
+            thread = self.threads.get(thread_id)
+            frame = frames.get(thread_id)
+            if thread is None or frame is None:
+                continue
+            if cpu is not None and cpu == thread.cpu:
+                thread.t = now  # no CPU since its last walk: where that walk left it
+                continue
+            watch = self._walk(thread_id, thread, frame, cpu)
+            if watch is None:
+                thread.t, thread.cpu = now, cpu
+            else:
+                del self.threads[thread_id]
+                found.append(watch)
+        return found
+
+    def _walk(self, thread_id: int, thread: _Thread, frame: FrameType, cpu: float | None) -> LoopWatch | None:
+        step = _step_edge(frame)
+        if step is None:
+            return None
+        base = step
+        key = (id(base), base.f_code)
+        if key == thread.no_loop:
+            return None
+        loop, python_loop = _loop_below(base)
+        if loop is None or not _may_run_on(loop, thread_id):
+            thread.no_loop = key
+            return None
+        watch = _loops.register(loop, None if python_loop else base, thread_id)
+        watch.discovered = True
+        # The step is timed from the last moment this thread was known not to be in it.
+        watch.idle_t, watch.idle_cpu = thread.t, thread.cpu
+        return watch
+
+
+def _step_edge(frame: FrameType) -> FrameType | None:
+    """The frame below the outermost frame of the task step running on this stack, if one runs.
+
+    From the innermost frame out: the first coroutine or generator frame, and
+    those it was awaited from, are the step's; the frame below them called
+    into the loop (a loop written in C), or is the loop's own dispatch (one
+    written in Python).
+    """
+    f: FrameType | None = frame
+    walked = 0
+    in_step = False
+    while f is not None and walked < _MAX_WALK:
+        walked += 1
+        if f.f_code.co_flags & _CO_STEP:
+            in_step = True
+        elif in_step:
+            return f
+        f = f.f_back
+    return None
+
+
+def _loop_below(base: FrameType) -> tuple[asyncio.AbstractEventLoop | None, bool]:
+    """The running loop `base` or a frame below it holds, and whether it is written in Python."""
+    f: FrameType | None = base
+    for _ in range(_HOLDERS):
+        if f is None:
+            break
+        # A local of the frame, or a Runner's loop. For a loop written in
+        # Python, the step's frame below is its dispatch (asyncio's
+        # Handle._run holds a handle; _run_once, below it, the loop).
+        loop = running_loop_held_by(f)
+        if loop is not None:
+            return loop, type(loop).__module__.partition(".")[0] in _loops.PYTHON_LOOP_PACKAGES
+        f = f.f_back
+    return None, False
+
+
+def _may_run_on(loop: asyncio.AbstractEventLoop, thread_id: int) -> bool:
+    # A frame can hold a loop that runs on another thread (a main thread that
+    # started one in a thread, then iterates a generator): a loop registered
+    # elsewhere, or one that says which thread runs it, is not this one's.
+    if any(watch.loop is loop for watch in _loops.watches.values()):
+        return False
+    owner = getattr(loop, "_thread_id", None)  # asyncio's (uvloop keeps its own out of reach)
+    return not isinstance(owner, int) or owner in (0, thread_id)
+
+
+def running_loop_held_by(frame: FrameType) -> asyncio.AbstractEventLoop | None:
+    """A running loop held by a local of `frame` (`loop.run_forever()`), or by a Runner's `_loop` (asyncio.run)."""
+    for value in frame.f_locals.values():
+        for candidate in (value, getattr(value, "_loop", None) if isinstance(value, _RUNNER) else None):
+            if isinstance(candidate, asyncio.AbstractEventLoop) and candidate.is_running():
+                return candidate
+    return None
+
+
+_RUNNER: Any = getattr(asyncio, "Runner", ())  # 3.11+; asyncio.run() of 3.10 holds its loop in a local
+
+
+def _is_aiocops(thread_id: int) -> bool:
+    # aiocop's own threads (delivery, hang reports) run no loop.
+    thread = threading._active.get(thread_id)  # type: ignore[attr-defined]  # (a dict lookup, no enumerate())
+    return thread is not None and thread.name.startswith("aiocop-")

@@ -1,0 +1,209 @@
+"""A cheap periodic probe of how late each event loop runs its timers.
+
+Stalls are what the watchdog reports: steps that held a loop past the
+threshold. A healthy loop's delay (a fraction of a millisecond, a few
+milliseconds under load) is below anything it reports, yet it is what a
+loop-delay histogram is mostly made of. The probe measures it the way
+Node's `monitorEventLoopDelay` does: a timer on each loop, due every
+`interval` seconds; how late its callback runs is the loop's delay.
+
+Each loop gets its probe when it is first seen running (`_loops` tells of
+every loop start, in any thread) and loses it when the loop stops: a timer
+left behind would wake a stopped loop's next run for nothing, and would be a
+second probe once the loop started again. Between runs nothing of aiocop is
+scheduled on the loop.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import weakref
+from collections import deque
+from threading import get_ident
+from typing import TYPE_CHECKING
+
+from aiocop._common import forksafe as _forksafe
+from aiocop._common.clock import perf_counter, thread_time
+from aiocop._interception import loops as _loops
+
+if TYPE_CHECKING:
+    from asyncio import AbstractEventLoop
+    from collections.abc import Callable
+
+logger = logging.getLogger("aiocop")
+
+# What a loop's thread spends around each tick besides the probe's own
+# callback (woken from its selector, the timer popped, the handle run, the
+# next wait set up): 100-140 us of CPU clock after an idle second (caches
+# gone cold), measured on asyncio; counted generously. A real step of less
+# than this, in the same look as a tick, does not hurry the watchdog.
+_LOOP_SHARE_S = 0.0005
+
+# The probe's timers run in an empty context: none of the application's
+# context variables (a request id, the current span) is theirs.
+_EMPTY = contextvars.Context()
+
+
+class DelayProbe:
+    """Times a timer due every `interval` seconds on each running loop; `record(delay_s)` each lateness.
+
+    `record` runs on the loop's thread, from the probe's own callback, so it
+    must be quick (a histogram's `record`). A stall is recorded whole, once,
+    by whoever reports stalls, who tells the probe (`stalled`): the part of a
+    tick's lateness a stall explains is taken out of it, so that the stall is
+    not counted again, in part, while lateness no stall explains (a loop
+    overloaded with many short steps) is recorded in full. Each tick's
+    lateness is recorded at the next tick (or as its loop stops), when the
+    watchdog has reported any stall in its window.
+    """
+
+    def __init__(self, interval: float, record: Callable[[float], None]) -> None:
+        self.interval = interval
+        self._record = record
+        # id(loop) -> (the loop, weakly; the token its pending timer carries).
+        # A timer whose token is no longer its loop's entry stops there: the
+        # loop stopped (and may run again, with a new probe), or the probe
+        # was stopped.
+        self._ticking: dict[int, tuple[weakref.ref[AbstractEventLoop], object]] = {}
+        # id(loop) -> the last tick's lateness, not recorded yet: (its window's start and end, its thread).
+        self._unsettled: dict[int, tuple[float, float, int]] = {}
+        # Recent stalls: (thread, start, end), perf_counter() times.
+        self._stalls: deque[tuple[int, float, float]] = deque(maxlen=256)
+        self._lock = _forksafe.lock()
+        self._running = False
+        _probes.add(self)
+
+    def stalled(self, thread_id: int, start: float, end: float) -> None:
+        """A stall of the loop of `thread_id` held it from `start` to `end` (perf_counter()), recorded whole."""
+        self._stalls.append((thread_id, start, end))
+
+    def _settle(self, key: int) -> None:
+        unsettled = self._unsettled.pop(key, None)
+        if unsettled is None:
+            return
+        start, end, thread_id = unsettled
+        explained = sum(
+            max(0.0, min(end, s_end) - max(start, s_start))
+            for s_thread, s_start, s_end in list(self._stalls)
+            if s_thread == thread_id
+        )
+        self._record(max(end - start - explained, 0.0))
+
+    def start(self) -> None:
+        """Probe every loop running now and every loop that starts from now on."""
+        with self._lock:
+            self._running = True
+        _loops.listeners = (*_loops.listeners, self)
+        for watch in list(_loops.watches.values()):
+            loop = watch.loop
+            if loop is not None and loop.is_running():
+                self.loop_started(loop)
+
+    def stop(self) -> None:
+        """Stop probing: each loop's pending timer, when it runs, schedules no other."""
+        _loops.listeners = tuple(listener for listener in _loops.listeners if listener is not self)
+        with self._lock:
+            self._running = False
+            self._ticking.clear()
+            self._unsettled.clear()
+
+    def probing(self, loop: AbstractEventLoop) -> bool:
+        entry = self._ticking.get(id(loop))
+        return entry is not None and entry[0]() is loop
+
+    # _loops.LoopListener
+
+    def loop_started(self, loop: AbstractEventLoop) -> None:
+        token = object()
+        with self._lock:
+            if not self._running or self.probing(loop):
+                return
+            # Loops gone without a stop aiocop saw (found running, then collected) leave entries: dropped here.
+            for key in [k for k, (ref, _) in self._ticking.items() if ref() is None]:
+                del self._ticking[key]
+            self._ticking[id(loop)] = (weakref.ref(loop), token)
+        # From any thread (a loop found running by the watchdog, or the one
+        # that called instrument()): the only call a loop takes from anywhere.
+        try:
+            loop.call_soon_threadsafe(self._arm, loop, token, context=_EMPTY)
+        except Exception:  # closed meanwhile, or a loop that takes no context
+            self._forget(loop, token)
+
+    def loop_stopped(self, loop: AbstractEventLoop) -> None:
+        with self._lock:
+            entry = self._ticking.get(id(loop))
+            if entry is not None and entry[0]() is loop:
+                del self._ticking[id(loop)]
+        self._settle(id(loop))
+
+    # On the loop's thread
+
+    def _current(self, loop: AbstractEventLoop, token: object) -> bool:
+        entry = self._ticking.get(id(loop))
+        return entry is not None and entry[1] is token
+
+    def _forget(self, loop: AbstractEventLoop, token: object) -> None:
+        with self._lock:
+            if self._current(loop, token):
+                del self._ticking[id(loop)]
+
+    def _arm(self, loop: AbstractEventLoop, token: object) -> None:
+        if not self._current(loop, token):
+            return
+        due = loop.time() + self.interval
+        try:
+            loop.call_at(due, self._tick, loop, token, due, perf_counter(), context=_EMPTY)
+        except Exception:
+            logger.debug("aiocop: no loop-delay probe on %r (it refused a timer)", loop, exc_info=True)
+            self._forget(loop, token)
+
+    def _tick(self, loop: AbstractEventLoop, token: object, due: float, armed: float) -> None:
+        started = thread_time()
+        if not self._current(loop, token):
+            return
+        watch = _loops.watches.get(get_ident())
+        if watch is not None and watch.loop is not loop:
+            watch = None
+        if watch is not None:
+            # The watchdog's tripwire (_tripwire), if armed on this thread,
+            # lets the tick pass: it is not the loop waking up to work.
+            watch.own = True
+        try:
+            self._tick_on(loop, token, due, armed)
+        finally:
+            if watch is not None:
+                watch.own = False
+                # Told to the watchdog, which would otherwise take each tick for the
+                # loop waking up to work, and look at it often for a while (its cost
+                # in an idle process went from 0.13 % of a core to 0.78 %).
+                watch.probe_cpu += thread_time() - started + _LOOP_SHARE_S
+
+    def _tick_on(self, loop: AbstractEventLoop, token: object, due: float, armed: float) -> None:
+        # A loop runs a timer a hair early when its clock's resolution says
+        # it is due: that is no delay.
+        late = max(loop.time() - due, 0.0)
+        now = perf_counter()
+        # loop.time() is the loop's clock, which a test can freeze or move
+        # (freezegun's fake monotonic): never later than aiocop's own clock
+        # says the timer has been waiting.
+        late = min(late, max(now - armed - self.interval, 0.0))
+        self._settle(id(loop))
+        self._unsettled[id(loop)] = (now - late, now, get_ident())
+        self._arm(loop, token)
+
+
+# In a forked child the parent's loops are not running (the forking thread's
+# may be, but its timer was the parent's): every loop is probed afresh.
+_probes: weakref.WeakSet[DelayProbe] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for probe in list(_probes):
+        probe._ticking.clear()
+        probe._unsettled.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

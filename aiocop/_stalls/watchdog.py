@@ -1,0 +1,1106 @@
+"""The stall watchdog: one background thread that notices stuck event loops.
+
+Call interception cannot see blocking that raises no audit event: CPU-bound
+code, C extensions, functions bound before patching. The watchdog polls the
+stacks of every registered loop thread (`sys._current_frames`). A loop is in
+a step when its stack reaches above the step's edge (the same edges the audit
+hook uses); a step that is still running after `threshold_ms` is a stall.
+While it lasts, the loop thread's stack is sampled every `interval_ms`; when
+it ends, one `SlowTaskEvent(reason="cpu_blocking")` is reported, or the
+samples join the io event of the same step.
+
+Timing without wrapping anything: a stall's start and end are bracketed by
+polls (every `busy_poll_ms` while a loop is busy, `idle_interval_ms` while all
+are idle, each idle loop armed to wake the watchdog as it wakes: _tripwire)
+and refined by the loop thread's CPU clock, which for a CPU-bound
+stall gives the start and end to within the clock's resolution. On loops
+written in C, where one task's consecutive steps share a root frame, a
+heartbeat (`call_soon_threadsafe`) sent only when the same root is seen twice
+in a row tells "still stuck" from "busy but iterating".
+
+The watchdog never touches a loop that is not stuck and adds nothing to the
+work of a step; its own cost is a few microseconds per poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import gc
+import logging
+import os
+import sys
+import threading
+import weakref
+from _thread import LockType, allocate_lock
+from collections import deque
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
+
+from aiocop._common import forksafe as _forksafe
+from aiocop._common.clock import monotonic, perf_counter
+from aiocop._interception import frames as _frames
+from aiocop._interception import hook as _hook
+from aiocop._interception import loops as _loops
+from aiocop._interception.frames import Kind
+from aiocop._model import state as _state
+from aiocop._stalls import culprit as _culprit
+from aiocop._stalls import discovery as _discovery
+from aiocop._stalls import tripwire as _tripwire
+
+if TYPE_CHECKING:
+    from types import CodeType, FrameType
+
+    from aiocop._interception.loops import LoopWatch
+
+logger = logging.getLogger("aiocop")
+
+_MAX_WALK = 256
+# How often threads not known to run a loop are looked at for an idle one
+# (one that runs a step is found at any look: _discovery); also the longest
+# a full look is skipped while every loop is quiet.
+_DISCOVERY_S = 1.0
+# Polling stays at _FAST_IDLE_S this long after a loop last did anything, then
+# slows to `idle_interval_ms` (see Watchdog._next_interval).
+_FAST_FOR_S = 0.5
+_FAST_IDLE_S = 0.004
+# A step whose thread gets at least this share of a CPU is working, not waiting.
+_CPU_BOUND_RATE = 0.1
+
+
+@dataclass
+class SamplingConfig:
+    interval_ms: float = 10.0
+    arm_after_ms: float | None = None  # None: half the slow-task threshold
+    idle_interval_ms: float | None = None  # None: _DEFAULT_IDLE_MS
+    busy_poll_ms: float = 2.0
+    max_samples_per_slice: int = 32
+    trace_depth: int = 20
+    # detect_slow_tasks(cpu_sampling=False): stalls are still found (as 1.x
+    # found them, by timing), but events carry no stack samples.
+    share_samples: bool = True
+
+    def arm_after_s(self) -> float:
+        if self.arm_after_ms is not None:
+            return self.arm_after_ms / 1000.0
+        return _state.config.threshold_ms / 2000.0
+
+    def idle_s(self) -> float:
+        return (self.idle_interval_ms if self.idle_interval_ms is not None else _DEFAULT_IDLE_MS) / 1000.0
+
+
+_DEFAULT_IDLE_MS = 100.0
+# The watchdog's thread ends once no loop has been running for this long
+# (it starts again with the next loop).
+_IDLE_STOP_S = 5.0
+# The C method, taken before aiocop wraps lock methods: the watchdog sleeps on it.
+_acquire = LockType.acquire
+sampling = SamplingConfig()
+
+
+class Step:
+    """The step a loop was running at the last poll, and what the watchdog saw of it."""
+
+    __slots__ = (
+        "cpu_first",
+        "cpu_last",
+        "cpu_prev",
+        "hang_next",
+        "hangs",
+        "hung_s",
+        "ident",
+        "merged",
+        "next_sample",
+        "root",
+        "sample_cpu",
+        "sample_t",
+        "samples",
+        "stalled",
+        "t_first",
+        "t_last",
+        "t_prev",
+        "task",
+        "waiting",
+        "woke",
+    )
+
+    def __init__(
+        self, ident: object, root: FrameType, now: float, prev: float, cpu: float | None, cpu_prev: float | None
+    ) -> None:
+        self.ident = ident
+        self.root = root
+        self.t_prev = prev  # last poll that did not see this step
+        self.t_first = now  # first poll that did
+        self.t_last = now  # latest poll that did
+        self.cpu_prev = cpu_prev
+        self.cpu_first = cpu
+        self.cpu_last = cpu
+        # Stack -> times sampled. Plain dicts: a busy loop on asyncio makes a
+        # Step at nearly every poll, and a Counter costs µs to make.
+        self.samples: dict[tuple[tuple[CodeType, int], ...], int] = {}
+        self.waiting: dict[tuple[tuple[CodeType, int], ...], int] = {}  # samples taken while idle on CPU
+        self.sample_t = now
+        self.sample_cpu = cpu
+        self.next_sample = 0.0
+        self.stalled = False
+        self.merged = False  # its io event took it over
+        self.task: StalledTask | None = None  # whose step it is, seen when it stalled
+        # t_prev is when the loop woke from waiting for I/O and timers, not a
+        # look: what it ran since then (cpu_first - cpu_prev) came before this step.
+        self.woke = False
+        self.hangs = 0  # hang reports made of it while it ran
+        self.hung_s = 0.0  # how long it had run at its latest hang report: its final length is no less
+        self.hang_next = 0.0  # its age (s) at the next hang report; 0: hang_after_ms from the config
+
+    def cpu_rate(self) -> float:
+        """The share of a CPU the loop thread got while this step ran (0 when waiting).
+
+        A CPU-bound step runs at 1.0 alone, and at less while other threads
+        compete for the GIL: the clock-based estimates below divide by it.
+        """
+        if self.cpu_first is None or self.cpu_last is None or self.t_last <= self.t_first:
+            return 0.0
+        return min(1.0, max(0.0, (self.cpu_last - self.cpu_first) / (self.t_last - self.t_first)))
+
+    def cpu_bound(self) -> bool:
+        return self.cpu_rate() >= _CPU_BOUND_RATE
+
+    def start(self) -> float:
+        """Best estimate of when the step began."""
+        rate = self.cpu_rate()
+        if rate >= _CPU_BOUND_RATE and self.cpu_first is not None and self.cpu_prev is not None:
+            # CPU used since the last poll that did not see the step, at the
+            # step's own pace: how long before the first sighting it began
+            # (plus any time the watchdog itself held the GIL meanwhile).
+            ran = (self.cpu_first - self.cpu_prev) / rate + _paused(self.t_prev, self.t_first)
+            return max(self.t_prev, self.t_first - ran)
+        if self.woke and self.cpu_first is not None and self.cpu_prev is not None:
+            # A wait that began soon after the loop woke (a server's first
+            # request after a quiet spell): the loop ran this much since.
+            return min(self.t_first, self.t_prev + (self.cpu_first - self.cpu_prev))
+        return (self.t_prev + self.t_first) / 2.0
+
+    def known_since(self) -> float:
+        """The earliest moment the step is known, not guessed, to have been running.
+
+        The first poll that saw it, or earlier when the thread's CPU clock
+        shows it was already working before that poll. Deciding that a step is
+        a stall rests on this; the midpoint guess of `start()` only times it.
+        """
+        if (self.cpu_bound() or self.woke) and self.cpu_first is not None and self.cpu_prev is not None:
+            return self.start()
+        return self.t_first
+
+    def end(self, now: float, cpu: float | None) -> float:
+        """Best estimate of when the step ended, seen gone at `now`."""
+        rate = self.cpu_rate()
+        if rate >= _CPU_BOUND_RATE and cpu is not None and self.cpu_last is not None:
+            ran = (cpu - self.cpu_last) / rate + _paused(self.t_last, now)
+            return min(now, max(self.t_last, self.t_last + ran))
+        return (self.t_last + now) / 2.0
+
+
+# Garbage collections run by the watchdog thread itself: while one runs it
+# holds the GIL, and a loop thread that wants it back waits without using CPU,
+# which the CPU-clock estimates above must not read as the step having ended.
+_pauses: deque[tuple[float, float]] = deque(maxlen=32)
+_gc_started = 0.0
+
+
+def _on_gc(phase: str, info: dict[str, int]) -> None:
+    global _gc_started
+    thread = watchdog._thread
+    if thread is None or threading.get_ident() != thread.ident:
+        return
+    if phase == "start":
+        _gc_started = perf_counter()
+    elif _gc_started:
+        _pauses.append((_gc_started, perf_counter()))
+        _gc_started = 0.0
+
+
+def _paused(a: float, b: float) -> float:
+    """Time the watchdog spent collecting garbage between `a` and `b`."""
+    return sum(max(0.0, min(b, end) - max(a, start)) for start, end in list(_pauses))
+
+
+@dataclass
+class Stall:
+    """A finished stall, ready to report or to merge into an io event."""
+
+    watch: LoopWatch
+    start: float
+    end: float
+    samples: list[tuple[tuple[tuple[CodeType, int], ...], int]]
+    waiting: bool  # the loop thread used (almost) no CPU: it was waiting, not working
+    root: FrameType | None
+    waiting_top: bool = False  # the most frequent stack was sampled while waiting
+    task: StalledTask | None = None  # whose step it was, as seen while it stalled
+    ident: object = None  # the step's identity (`step_of`): an io event of the same step takes the stall
+    # The last look that saw the step still running: its real end lies between
+    # this and the next look (`end` is an estimate within that gap).
+    seen_until: float = 0.0
+    hang_reports: int = 0  # reported as a hang this many times while it ran
+    hung_s: float = 0.0  # how long it had run at its latest hang report
+
+    def release(self) -> None:
+        """Drop the stalled frame and task: once its event exists, it says which task it was."""
+        self.root = None
+        self.task = None
+        self.ident = None
+
+    def culprit(self) -> str:
+        """What the loop was doing (reads source lines: call it off the hot path)."""
+        return describe(self.samples, self.waiting_top)
+
+    def middle(self) -> float:
+        """Its midpoint: an io event that lasted past it was the same step.
+
+        Its edges are estimates good to a millisecond or two, while a stall
+        lasts at least the threshold: an io event of the same step ends near
+        the stall's end, one of the step before near the stall's start.
+        """
+        return (self.start + self.end) / 2.0
+
+
+# Lock for handing a stall to an io event or reporting it alone (exactly once).
+merge_lock = _forksafe.lock()
+# Set by _delivery: (stall) -> None, reports a stall nobody else took.
+report_stall: Any = None
+# Set by _delivery: (watch, stall) -> bool, gives the stall to a pending io event of that loop.
+attach_to_io: Any = None
+# Set by _hangs: (watch, step, innermost frame, now) -> None, reports a step
+# still running past hang_after_ms, while it runs (on this thread: quick).
+report_hang: Any = None
+# The longest time between two hang reports of one step.
+_HANG_REPEAT_MAX_S = 300.0
+
+
+class Watchdog:
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None  # the one watchdog thread; another that sees itself replaced ends
+        # start() and stop() from any threads at once: one thread, and never a
+        # join of a thread not yet started. The watchdog thread never takes it.
+        self._control = _forksafe.lock()
+        # Held while the watchdog sleeps on it; released to wake it early.
+        self._waker = allocate_lock()
+        self._waker.acquire()
+        self._last_scan = 0.0
+        self._last_active = 0.0  # last poll that saw a loop do something
+        # Whether the sleep under way (or about to begin) is the long idle one:
+        # only then does a loop's start cut it short (loop_started).
+        self._sleeping_long = True
+        self.polls = 0  # polls completed, and whether one is under way: what sync() waits on
+        self._polling = False
+        self._enabled = False  # start() until stop(): the thread runs while loops do
+        self._leaving = False  # the thread has decided to end (no loop for _IDLE_STOP_S)
+        self._idle_since = 0.0  # first look of the current spell with no loop registered (0: a loop is)
+        self._started_off_main = False  # start() was called from a thread other than the main one
+        # Threads running no known loop, walked for one that steps (_discovery).
+        self._finder = _discovery.Finder()
+        # A loop's tripwire woke this thread (_tripwire): look again soon, whatever the look it woke for saw.
+        self._tripped = False
+
+    @property
+    def running(self) -> bool:
+        """Whether stall detection is on (its thread runs only while a loop does: see `loop_started`)."""
+        return self._enabled
+
+    @property
+    def thread_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        with self._control:
+            self._enabled = True
+            if _on_gc not in gc.callbacks:
+                gc.callbacks.append(_on_gc)
+            self._started_off_main = threading.current_thread() is not threading.main_thread()
+            if _loops.watches or _loops.retired or self._unseen_loops_possible():
+                self._spawn()
+
+    def _spawn(self) -> None:
+        # Under _control. No aiocop thread while no loop runs (issue 24): a
+        # program that never starts one, or forks before it does, sees the
+        # threads it would see without aiocop.
+        if self.thread_alive and self._thread is not None and not self._leaving:
+            return
+        self._leaving = False
+        thread = threading.Thread(target=self._run, name="aiocop-watchdog", daemon=True)
+        self._thread = thread
+        self._idle_since = 0.0
+        thread.start()
+
+    def loop_started(self) -> None:
+        """A loop started (any thread): start the thread if it is not running, and have the loop looked at.
+
+        A running watchdog is woken only from its long idle sleep. Already
+        looking every few milliseconds, it sees the new loop at its next look
+        anyway, and a wake-up at every start made it take the GIL just as the
+        loop's thread reached its next blocking call: two rloop threads
+        starting and stopping loops in step met rloop 0.5's self-pipe double
+        close (issue 31, docs/how-to/loops.md) up to five times as often.
+        """
+        if self._enabled and (not self.thread_alive or self._leaving):
+            state = _hook.current_state()
+            was_busy, state.busy = state.busy, True  # a thread's start waits on an Event: not the app's
+            try:
+                with self._control:
+                    if self._enabled:
+                        self._spawn()
+            finally:
+                state.busy = was_busy
+        self._last_active = perf_counter()  # written before _sleeping_long is read (see _next_interval)
+        if self._sleeping_long:
+            self.wake()
+
+    def stop(self) -> None:
+        with self._control:
+            self._enabled = False
+            self._retire_thread()
+            if _on_gc in gc.callbacks:
+                gc.callbacks.remove(_on_gc)
+
+    def _retire_thread(self) -> None:
+        # Under _control.
+        thread = self._thread
+        self._thread = None  # the thread sees it is no longer the watchdog, and ends
+        self.wake()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(2.0)
+
+    def _before_fork(self) -> None:
+        # A fork while no loop runs (a pre-fork server's master, a process
+        # pool made at start-up): the idle thread ends first, so that the
+        # child is made by a single-threaded process (3.12+ warns otherwise).
+        # It starts again with the next loop.
+        # Never waits: a thread holding it (starting or stopping the watchdog,
+        # or a thread the fork will leave behind) must not hold up the fork.
+        if not _acquire(self._control, False):
+            return
+        try:
+            if self.thread_alive and not _loops.watches and not self._unseen_loops_possible():
+                self._retire_thread()  # (which finishes the steps of loops that stopped, as it ends)
+        finally:
+            self._control.release()
+
+    def _after_fork_in_parent(self) -> None:
+        # The thread _before_fork ended, if loops that announce nothing must still be looked for.
+        if self._enabled and not self.thread_alive and self._unseen_loops_possible():
+            if not _acquire(self._control, False):
+                return  # (busy: whoever holds it starts or stops the thread)
+            try:
+                self._spawn()
+            finally:
+                self._control.release()
+
+    def wake(self) -> None:
+        """Look at the loops now (a loop started, or the watchdog is stopping)."""
+        self._last_active = perf_counter()
+        with contextlib.suppress(RuntimeError):  # already released, not yet slept on again
+            self._waker.release()
+
+    def trip(self) -> None:
+        """An armed loop woke (called from its thread, by its tripwire): look at it now.
+
+        Unlike `wake`, not taken for activity: the look decides (a tick of
+        the loop-delay probe is none).
+        """
+        self._tripped = True
+        with contextlib.suppress(RuntimeError):  # already released, not yet slept on again
+            self._waker.release()
+
+    def _idle_for_long(self) -> bool:
+        # No loop registered, none stopped unseen, for _IDLE_STOP_S: the thread ends.
+        now = perf_counter()
+        if not self._idle_since:
+            self._idle_since = now
+            return False
+        return now - self._idle_since >= _IDLE_STOP_S and not self._unseen_loops_possible()
+
+    def _unseen_loops_possible(self) -> bool:
+        """Whether a loop may be running that aiocop was not told of: only the thread's looks would find it.
+
+        One that binds its start signals at import (Leviathan), or one
+        started before aiocop was set up, in another thread (attach's case:
+        set up from its own thread while the main thread runs a loop). A
+        process with no thread but aiocop's and the one that set it up has
+        none: its thread waits for the first loop.
+        """
+        if _loops.unannounced_loops_possible():
+            return True
+        main = threading.main_thread()
+        for thread in threading.enumerate():
+            if thread.name.startswith("aiocop-") or (thread is main and not self._started_off_main):
+                continue
+            return True
+        return False
+
+    def _leave_if_idle(self, me: threading.Thread) -> bool:
+        # Decided under _control: a loop registering now either is seen here
+        # (watches is set before loop_started is called) or finds _leaving set
+        # and starts a new thread.
+        with self._control:
+            if self._thread is not me or _loops.watches or _loops.retired:
+                return False
+            self._leaving = True
+            self._thread = None
+            return True
+
+    def _run(self) -> None:
+        # Sleeps are timed waits on a held lock: as cheap as time.sleep (each
+        # wake-up of this thread is its main cost, tens of microseconds of CPU
+        # on a VM), with no Python-level Condition machinery, and wake() can cut
+        # them short.
+        me = threading.current_thread()
+        while self._thread is me:
+            self._polling = True
+            try:
+                busy, active = self.poll()
+            except Exception:
+                logger.exception("aiocop: watchdog poll failed (ignored)")
+                busy, active = False, False
+            self.polls += 1  # only this thread writes both, in this order (see sync)
+            self._polling = False
+            if not (_loops.watches or _loops.retired):  # (a loop runs: nothing more to check, the usual case)
+                if self._idle_for_long() and self._leave_if_idle(me):
+                    return
+            elif self._idle_since:
+                self._idle_since = 0.0
+            _acquire(self._waker, True, self._next_interval(busy, active))
+        # stop() right after a loop's last step: finish that step, whose stall
+        # stop() then delivers (drain), rather than leave it in the queue.
+        try:
+            self._finish_retired()
+        except Exception:
+            logger.exception("aiocop: watchdog could not finish a stopped loop's step (ignored)")
+
+    def sync(self, timeout: float = 1.0) -> bool:
+        """Wait until the watchdog has looked at every loop once since this call.
+
+        Every stall that had ended by the call has then been reported (handed
+        to its loop, or to the delivery worker if the loop has stopped: follow
+        with `_delivery.drain()`). For the pytest plugin, which closes a test's
+        books when the test ends. Returns False if the watchdog is not running
+        or did not look within `timeout` seconds. Never call it from a loop's
+        thread while the loop runs: it waits.
+        """
+        thread = self._thread
+        if thread is threading.current_thread():
+            return False
+        if thread is None or not thread.is_alive():
+            # Its thread runs only while loops do: with none running or
+            # stopped unseen, there is nothing to wait for.
+            return self._enabled and not _loops.watches and not _loops.retired
+        # Read before `polls`: if no poll was under way then, the next one to
+        # complete began after the call; if one was, it may have looked before.
+        polling = self._polling
+        if not polling and not _loops.watches and not _loops.retired:
+            return True  # no loop is running or has stopped unseen: no stall can be pending
+        target = self.polls + (2 if polling else 1)
+        deadline = perf_counter() + timeout
+        pause = allocate_lock()
+        pause.acquire()
+        while self.polls < target:
+            if not self.running or perf_counter() >= deadline:
+                return False
+            self.wake()
+            _acquire(pause, True, 0.0001)  # the C method: no audit event, no wrapper
+        return True
+
+    def _next_interval(self, busy: bool, active: bool) -> float:
+        now = perf_counter()
+        self._sleeping_long = False
+        tripped, self._tripped = self._tripped, False
+        if busy:
+            self._last_active = now
+            return sampling.busy_poll_ms / 1000.0
+        if active:
+            self._last_active = now
+        if now - self._last_active < _FAST_FOR_S or tripped:
+            # Woken by a tripwire, the look may have come before the step
+            # it woke for began: one more look, soon.
+            return _FAST_IDLE_S
+        # Published before _last_active is read again: a loop_started() that
+        # saw the short sleep (and woke nobody) wrote _last_active before,
+        # and is seen here.
+        self._sleeping_long = True
+        if perf_counter() - self._last_active < _FAST_FOR_S:
+            self._sleeping_long = False
+            return _FAST_IDLE_S
+        # Nothing has run for a while: look less often (each wake-up of this
+        # thread is its main cost). A stall that starts and ends between two
+        # such looks would go unseen (the CPU clock cannot tell it from many
+        # short steps): each idle loop is armed to wake this thread as it
+        # wakes (_tripwire), and is looked at while its first step runs.
+        watches = _loops.watches
+        for watch in watches.values():
+            if watch.step is None:
+                _tripwire.arm(watch, self.trip)
+        if not watches and _loops.unannounced_loops_possible():
+            # No loop known, one that announces nothing may start (and cannot
+            # be armed before it is found): its first step is found by a
+            # look, at a rate bound by the threshold.
+            return min(sampling.idle_s(), _state.config.threshold_ms / 2000.0)
+        return sampling.idle_s()
+
+    def poll(self) -> tuple[bool, bool]:
+        """Look at every registered loop once.
+
+        Returns whether any is in a step, and whether any did anything since
+        the last look (its thread's CPU clock moved).
+        """
+        self._finish_retired()
+        watches = _loops.watches
+        now = perf_counter()
+        if now - self._last_scan < _DISCOVERY_S and _all_quiet(watches) and self._finder.quiet():
+            return False, False
+        frames = sys._current_frames()
+        # The time and each loop thread's CPU clock, read with the snapshot:
+        # the walks below can lose the GIL to the loops for milliseconds (two
+        # CPU-bound loops and this thread share it), and what they find is
+        # the stacks as they were at the snapshot (a frame that has returned
+        # since keeps its callers), so that is the moment they describe. Read
+        # after the walks, they timed an old picture as a new one: one step
+        # seen as two, stalls cut short or missed.
+        now = perf_counter()
+        # The probe's CPU, read before the clocks: a tick between the two
+        # reads counts as the loop's own activity, never the other way round.
+        probes = [watch.probe_cpu for watch in watches.values()]
+        clocks = [watch.cpu_time() for watch in watches.values()]
+        # Includes this thread's own frame, this very function's: left in,
+        # this frame and the dict would hold each other, and with them every
+        # frame of the loops' stacks at this look (and the tasks and locals
+        # those hold) until the next garbage collection.
+        frames.pop(threading.get_ident(), None)
+        others = self._finder.read(frames, watches, now)
+        busy = active = False
+        for (thread_id, watch), cpu, probe in zip(watches.items(), clocks, probes, strict=True):
+            frame = frames.get(thread_id)
+            if frame is None or (watch.discovered and not _still_running(watch)):
+                if frame is not None:
+                    # Its thread runs on, maybe already in the next loop's
+                    # first step: that step began after the last look that
+                    # saw this loop, and is looked for now.
+                    self._finder.adopt(thread_id, *_last_seen(watch))
+                    others[thread_id] = cpu
+                self._finish(watch, now)
+                _loops.unregister(thread_id)
+                continue
+            idle_cpu = watch.idle_cpu
+            busy |= self._poll_one(watch, frame, now, cpu)
+            active |= _moved(idle_cpu, watch.idle_cpu, probe - watch.probe_seen)
+            watch.probe_seen = probe
+        # Threads running no known loop: one stepping is registered now, and
+        # its step looked at in this same look (timed from the thread's last look).
+        # (A thread with no known loop that uses CPU is no activity: a busy
+        # thread of the application's would keep the watchdog from ever
+        # slowing down, and so from arming the known loops' tripwires. With
+        # no loop known, the quiet looks come every half threshold instead:
+        # _next_interval.)
+        for watch in self._finder.look(frames, others, now):
+            busy |= self._poll_one(watch, frames[watch.thread_id], now, others.get(watch.thread_id))
+        if now - self._last_scan > _DISCOVERY_S:
+            self._last_scan = now
+            _discover(frames, watches)
+        return busy, active
+
+    def _finish_retired(self) -> None:
+        # Loops that stopped since the last look: the step each was in ended
+        # no later than the stop (see _loops.retired).
+        retired = _loops.retired
+        while retired:
+            try:
+                watch, stopped, cpu = retired.popleft()
+            except IndexError:  # cleared meanwhile by stop()
+                return
+            self._finish(watch, stopped, cpu)
+
+    def _poll_one(self, watch: LoopWatch, frame: FrameType, now: float, cpu: float | None) -> bool:
+        # `now` and `cpu`: the time and the thread's CPU clock at the snapshot
+        # `frame` comes from, read together (estimates divide one by the
+        # other, so a skew between them would show up as speed).
+        found = step_of(frame, watch)
+        step: Step | None = watch.step
+        if found is None:
+            if step is not None:
+                self._finish(watch, now, cpu)
+            watch.step = None
+            watch.beat_posted = 0.0
+            _remember_idle(watch, now, cpu)
+            return False
+        ident, root, innermost = found
+        came_back = step is not None and _loop_came_back(watch)
+        if step is not None and step.ident is ident and not came_back:
+            step.t_last = now
+            step.cpu_last = cpu
+        else:
+            prev, cpu_prev = _last_other(watch, step, came_back, now)
+            woke = _woke_at(ident, prev, now) or _tripped_at(watch, prev, now) if step is None else 0.0
+            if step is not None:
+                self._finish(watch, now, cpu)
+            step = watch.step = Step(ident, root, now, woke or prev, cpu, cpu_prev)
+            step.woke = bool(woke)
+            watch.beat_posted = 0.0
+        age = now - step.known_since()
+        proven = True
+        if ident is root:
+            # On loops written in C one task's consecutive steps share this
+            # frame, and polls can be far apart (a busy thread starves the
+            # watchdog of the GIL). A heartbeat sent at the first sighting and
+            # still unanswered proves the loop has not iterated since.
+            if not watch.beat_posted:
+                _send_heartbeat(watch, now)
+            proven = bool(watch.beat_posted) or watch.loop is None
+        if age >= sampling.arm_after_s():
+            if step.task is None:
+                # Seen now, while the step runs: a stall in a task's last step
+                # is reported after the task finished, by when its scopes
+                # (sampling, request keys) have been left. Armed steps only:
+                # one that ends before any look sees it past the threshold
+                # can still be one (see _finish).
+                step.task = StalledTask.of(watch.loop, root)
+            if now >= step.next_sample:
+                _sample(step, innermost, watch, now, cpu)
+        if proven and age >= _state.config.threshold_ms / 1000.0:
+            step.stalled = True
+            hang_after = _state.config.hang_after_ms
+            if hang_after is not None and age >= (step.hang_next or hang_after / 1000.0):
+                self._hang(watch, step, innermost, now, age, hang_after / 1000.0)
+        return True
+
+    def _hang(self, watch: LoopWatch, step: Step, innermost: FrameType, now: float, age: float, after: float) -> None:
+        # Still running past hang_after_ms: reported now, from this thread
+        # (the loop can run nothing), and again after twice as long each
+        # time, up to _HANG_REPEAT_MAX_S apart.
+        step.hangs += 1
+        step.hang_next = max(age, step.hang_next) + min(after * 2 ** (step.hangs - 1), _HANG_REPEAT_MAX_S)
+        if report_hang is None:
+            return
+        if step.task is None:
+            step.task = StalledTask.of(watch.loop, step.root)
+        step.hung_s = max(step.hung_s, now - step.start())
+        try:
+            report_hang(watch, step, innermost, now)
+        except Exception:
+            logger.exception("aiocop: could not report a hung loop (ignored)")
+
+    def _finish(self, watch: LoopWatch, now: float, cpu: float | None = None) -> None:
+        step: Step | None = watch.step
+        watch.step = None
+        if step is None or step.merged:
+            return
+        if not step.stalled and (step.task is None or not step.cpu_bound()):
+            # No look saw it past the threshold while it ran. A CPU-bound step
+            # whose clock-timed length reaches the threshold is a stall all
+            # the same (its ends are known to a millisecond: a 36 ms stall
+            # leaves 6 ms to be seen in, less than the GIL can keep this
+            # thread waiting); a wait is not, its ends being guesses.
+            return
+        end = step.end(now, cpu)
+        if watch.beat_done and step.t_last <= watch.beat_done <= now:
+            end = min(end, watch.beat_done)  # the heartbeat ran as soon as the loop was back
+        start = step.start()
+        if (end - start) * 1000.0 < _state.config.threshold_ms:
+            return
+        stall = stall_of(step, start, end, watch)
+        with merge_lock:
+            if step.merged:
+                return
+            step.merged = True
+        self._report(stall)
+
+    def finish(self, watch: LoopWatch, stopped: float, cpu: float | None) -> None:
+        """Finish the step `watch`'s loop was in, which ended by `stopped` (the loop stopped).
+
+        Called by the loop's own thread as it stops: a stall in the loop's
+        last step is reported then, before the loop's run returns, instead of
+        at the watchdog's next look. Exactly once, whoever finishes it first.
+        """
+        self._finish(watch, stopped, cpu)
+
+    def _report(self, stall: Stall) -> None:
+        watch = stall.watch
+        with merge_lock:
+            io_start, io_end = watch.last_io
+            if watch.last_io_ident == hash(stall.ident) and io_start <= stall.end and io_end >= stall.middle():
+                return  # its io event was delivered already (this look began before): one report per stall
+            if attach_to_io is not None and attach_to_io(watch, stall):
+                return
+        if report_stall is not None:
+            report_stall(stall)
+
+
+def _moved(before: float | None, after: float | None, probe_cpu: float) -> bool:
+    """Whether an idle loop's thread did anything between two looks, besides the loop-delay probe's ticks.
+
+    The probe wakes an idle loop ten times a second: taken for activity, it
+    kept the watchdog looking every few milliseconds for ever, six times its
+    idle cost. The looks themselves still happen on any change of the CPU
+    clock (`_all_quiet`): a step that starts right after a tick is seen.
+    """
+    if before is None or after is None:
+        return True
+    return after - before > probe_cpu
+
+
+def _all_quiet(watches: dict[int, LoopWatch]) -> bool:
+    # The cheap look: an idle loop's thread uses no CPU, so if no loop thread's
+    # CPU clock moved since the last look, nothing can have started (even a
+    # step that went straight into a wait used some CPU to get there).
+    for watch in watches.values():
+        if watch.step is not None or watch.idle_cpu is None or watch.cpu_time() != watch.idle_cpu:
+            return False
+    now = perf_counter()
+    for watch in watches.values():
+        watch.idle_t = now  # still idle: a step starting from here began after now
+    return True
+
+
+def _remember_idle(watch: LoopWatch, now: float, cpu: float | None) -> None:
+    watch.idle_t = now
+    watch.idle_cpu = cpu
+
+
+def _last_other(watch: LoopWatch, step: Step | None, came_back: bool, now: float) -> tuple[float, float | None]:
+    # The last moment this loop was known to be doing something else than
+    # the new step: the heartbeat's run, the previous step's last poll, or
+    # the last idle poll.
+    if came_back:
+        return watch.beat_done, step.cpu_last if step is not None else None
+    if step is not None:
+        return step.t_last, step.cpu_last
+    if watch.idle_t:
+        return watch.idle_t, watch.idle_cpu
+    return now - sampling.idle_s(), None
+
+
+def _woke_at(ident: object, idle_since: float, now: float) -> float:
+    """When an asyncio loop, idle at `idle_since`, woke to run the step of dispatch frame `ident` (0: not known).
+
+    The loop's iteration (`BaseEventLoop._run_once`) notes the time right
+    after its select returns, in a local. The watchdog looks at an idle loop
+    only every `idle_interval_ms`, so the first step after a quiet spell is
+    first seen up to that late: this bounds when it began. Loops written in C
+    keep that time out of reach.
+    """
+    run_once = getattr(ident, "f_back", None)
+    if run_once is None or run_once.f_code.co_name != "_run_once":
+        return 0.0
+    if run_once.f_globals.get("__name__") != "asyncio.base_events":
+        return 0.0
+    try:
+        noted = run_once.f_locals.get("end_time")  # loop.time() + clock resolution
+    except Exception:  # a frame's locals, read from another thread: never let it break a look
+        return 0.0
+    if not isinstance(noted, float):
+        return 0.0
+    woke = noted + _MONOTONIC_TO_PERF
+    return woke if idle_since < woke <= now else 0.0
+
+
+def _last_seen(watch: LoopWatch) -> tuple[float, float | None]:
+    # The last look that saw this loop (idle, or in a step), and its thread's CPU clock then.
+    step = watch.step
+    if step is not None and step.t_last > watch.idle_t:
+        return step.t_last, step.cpu_last
+    return watch.idle_t, watch.idle_cpu
+
+
+def _tripped_at(watch: LoopWatch, idle_since: float, now: float) -> float:
+    """When the loop, idle at `idle_since`, woke, as its tripwire saw it (0: not since; see _tripwire)."""
+    tripped = watch.tripped
+    return tripped if idle_since < tripped <= now else 0.0
+
+
+# loop.time() is time.monotonic(); the watchdog's clock is perf_counter (the
+# same clock on Linux; measured once for the others).
+_MONOTONIC_TO_PERF = perf_counter() - monotonic()
+
+
+def _loop_came_back(watch: LoopWatch) -> bool:
+    # The heartbeat sent while this root frame was running has run: the loop
+    # iterated since, so what runs now is a later step of the same task.
+    done = watch.beat_done
+    if watch.beat_posted and done >= watch.beat_posted:
+        watch.beat_posted = 0.0
+        return True
+    return False
+
+
+def _send_heartbeat(watch: LoopWatch, now: float) -> None:
+    loop = watch.loop
+    # Only a running loop: some loops (rloop 0.5) replace their wake-up pipe
+    # on every run, and a wake-up sent between runs could reach a reused fd.
+    if loop is None or not loop.is_running():
+        return
+    watch.beat_posted = now
+
+    def beat() -> None:
+        watch.beat_done = perf_counter()
+
+    try:
+        loop.call_soon_threadsafe(beat)
+    except RuntimeError:  # closed meanwhile
+        watch.beat_posted = 0.0
+
+
+def step_of(frame: FrameType, watch: LoopWatch) -> tuple[object, FrameType, FrameType] | None:
+    """`(identity, root frame, innermost frame)` of the step the thread is in, or None if idle.
+
+    The walk stops at the same edges as the audit hook's: a dispatch frame of
+    a loop written in Python, the frame that called into a loop written in
+    C, or a core frame of the loop (idle, between steps).
+    """
+    base = watch.base_frame
+    innermost = frame
+    root: FrameType | None = None
+    f: FrameType | None = frame
+    walked = 0
+    while f is not None and walked < _MAX_WALK:
+        walked += 1
+        kind = _frames.frame_kind(f)
+        if kind == Kind.LOOP:
+            roles = _frames.LOOP_ROLES.get(f.f_globals.get("__name__"))  # type: ignore[arg-type]
+            if roles is not None:
+                role = roles.get(f.f_code.co_name)
+                if role == "core":
+                    return None
+                if role == "dispatch":
+                    if root is None or _is_own(root):
+                        return None
+                    # asyncio's Handle._run is a new frame for every callback and
+                    # task step: the best step identity there is.
+                    return (f if f.f_globals.get("__name__") == "asyncio.events" else root), root, innermost
+        if f is base:
+            return (root, root, innermost) if root is not None and not _is_own(root) else None
+        root = f
+        f = f.f_back
+    return None  # no edge found: the loop is not running on this thread any more
+
+
+def _is_own(root: FrameType) -> bool:
+    # aiocop's own step: a delivery running the slow-task callbacks, or the
+    # watchdog's heartbeat. A slow callback is not the application's stall
+    # (aiocop warns about it once, see _callbacks); reported, its report would
+    # run the callback again, and stall again, for ever. A step whose
+    # outermost frame is one of aiocop's decorators (`@raise_on_violations`
+    # on a task's coroutine) is the application's.
+    return root.f_globals.get("__name__") in _OWN_STEP_MODULES
+
+
+_OWN_STEP_MODULES = frozenset(
+    {"aiocop._reporting.delivery", "aiocop._model.callbacks", "aiocop._stalls.watchdog", "aiocop._stalls.tripwire"}
+)
+
+
+def _sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float, cpu: float | None) -> None:
+    step.next_sample = now + sampling.interval_ms / 1000.0
+    if sum(step.samples.values()) >= sampling.max_samples_per_slice:
+        return
+    frames: list[tuple[CodeType, int]] = []
+    f: FrameType | None = innermost
+    while f is not None and len(frames) < sampling.trace_depth:
+        if _frames.frame_kind(f) != Kind.AIOCOP:
+            frames.append((f.f_code, f.f_lasti))
+        if f is step.root:
+            break
+        f = f.f_back
+    stack = tuple(frames)
+    step.samples[stack] = step.samples.get(stack, 0) + 1
+    # Waiting or working at this sample: did the thread's CPU clock move
+    # since the previous one (or since the step was first seen)?
+    if (
+        cpu is not None
+        and step.sample_cpu is not None
+        and now > step.sample_t
+        and (cpu - step.sample_cpu) < _CPU_BOUND_RATE * (now - step.sample_t)
+    ):
+        step.waiting[stack] = step.waiting.get(stack, 0) + 1
+    step.sample_t, step.sample_cpu = now, cpu
+
+
+def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
+    samples = sorted(step.samples.items(), key=itemgetter(1), reverse=True)  # most common first
+    top_waiting = bool(samples) and step.waiting.get(samples[0][0], 0) * 2 >= samples[0][1]
+    return Stall(
+        watch,
+        start,
+        end,
+        samples,
+        not step.cpu_bound(),
+        step.root,
+        top_waiting,
+        step.task,
+        step.ident,
+        step.t_last,
+        step.hangs,
+        step.hung_s,
+    )
+
+
+@dataclass(frozen=True)
+class StalledTask:
+    """The task whose step stalled, its context and whether it is watched, at one moment."""
+
+    task: Any  # None for a plain callback
+    context: contextvars.Context  # a copy of the task's context (empty before 3.12)
+    monitored: bool
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop | None, root: FrameType | None) -> StalledTask:
+        """The task of `loop` whose coroutine runs in `root`, as it is now."""
+        task = _find_task(loop, root)
+        context = _context_of(task)
+        if task is None:
+            return cls(None, context, True)  # a plain callback: always watched
+        # The task's own monitored() scope if it entered one (known on every
+        # version and loop), else the one it inherited (3.12+ only).
+        own = _state.task_monitored.get(task)
+        return cls(task, context, context.get(_state.monitored, True) if own is None else own)
+
+
+def _context_of(task: Any) -> contextvars.Context:
+    """A copy of the context `task` runs its steps in (its request's keys), read from another thread."""
+    if task is None:
+        return contextvars.Context()
+    get_context = getattr(task, "get_context", None)  # Task.get_context() is 3.12+
+    if get_context is not None:
+        return get_context().copy()  # type: ignore[no-any-return]
+    held = getattr(task, "_context", None)  # asyncio's Task written in Python, and its likes
+    if isinstance(held, contextvars.Context):
+        return held.copy()
+    # The C Task of 3.10 and 3.11 has no accessor, but reports what it holds
+    # to the garbage collector, its own context first (before the contexts of
+    # its done-callbacks): the one place that context can be read from.
+    for referent in gc.get_referents(task):
+        if type(referent) is contextvars.Context:
+            return referent.copy()
+    return contextvars.Context()
+
+
+def _find_task(loop: asyncio.AbstractEventLoop | None, root: FrameType | None) -> Any:
+    if loop is None or root is None:
+        return None
+    try:
+        for task in asyncio.all_tasks(loop):
+            if getattr(task.get_coro(), "cr_frame", None) is root:
+                return task
+    except RuntimeError:  # the task set changed under us (read from another thread)
+        return None
+    return None
+
+
+def describe(samples: list[tuple[tuple[tuple[CodeType, int], ...], int]], waiting: bool) -> str:
+    if not samples or not samples[0][0]:
+        return ""
+    code, lasti = samples[0][0][0]  # innermost frame of the most frequent stack
+    return _culprit.describe(code, lasti, _line(code, lasti), waiting)
+
+
+def _line(code: CodeType, lasti: int) -> int:
+    for start, end, line in code.co_lines():
+        if start <= lasti < end and line is not None:
+            return int(line)
+    return int(code.co_firstlineno)
+
+
+def _discover(frames: dict[int, FrameType], watches: dict[int, LoopWatch]) -> None:
+    """Find running loops whose start aiocop did not see, on the stacks of the other threads.
+
+    Two kinds: loops written in Python that set no asyncgen hooks and have
+    made no blocking call yet (veloxloop), by their dispatch frame; and loops
+    written in C that bound the start signals before aiocop wrapped them
+    (Leviathan looks up `sys.set_asyncgen_hooks` and
+    `asyncio._set_running_loop` once, at import), by the running loop the
+    thread's innermost frame holds: idle, such a loop runs no Python code,
+    and that frame is the one that called into it.
+    """
+    known = {id(watch.loop) for watch in watches.values()}
+    for thread_id, frame in frames.items():
+        if thread_id in watches or thread_id == threading.get_ident():
+            continue
+        f: FrameType | None = frame
+        depth = 0
+        while f is not None and depth < _MAX_WALK:
+            depth += 1
+            name = f.f_globals.get("__name__")
+            roles = _frames.LOOP_ROLES.get(name) if isinstance(name, str) else None
+            if roles is not None and roles.get(f.f_code.co_name) == "dispatch" and name != "asyncio.events":
+                loop = f.f_locals.get("self")
+                if loop is not None:
+                    _register_foreign(loop, thread_id)
+                break
+            f = f.f_back
+        else:
+            loop = _discovery.running_loop_held_by(frame)
+            if loop is not None and id(loop) not in known:
+                _probe(loop)
+
+
+def _still_running(watch: LoopWatch) -> bool:
+    loop = watch.loop
+    return loop is not None and loop.is_running()
+
+
+def _register_foreign(loop: Any, thread_id: int) -> None:
+    if isinstance(loop, asyncio.AbstractEventLoop):
+        _loops.register(loop, None, thread_id)
+
+
+# Loops sent a probe, and when: one probe per loop while it has not answered.
+_probed: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, float] = weakref.WeakKeyDictionary()
+_PROBE_AGAIN_S = 5.0
+
+
+def _probe(loop: asyncio.AbstractEventLoop) -> None:
+    """Ask `loop` to run a callback that registers it, on its own thread and with its own edge.
+
+    Which thread runs a loop cannot be told from outside (the frame that
+    holds it may be another thread's); a callback the loop runs can, and the
+    frame below it is the one that called into a loop written in C: the edge
+    of its steps, as the start signal would have given.
+    """
+    now = perf_counter()
+    if now - _probed.get(loop, -_PROBE_AGAIN_S) < _PROBE_AGAIN_S:
+        return
+    _probed[loop] = now
+
+    def found() -> None:
+        if threading.get_ident() in _loops.watches:
+            return
+        python_loop = type(loop).__module__.partition(".")[0] in _loops.PYTHON_LOOP_PACKAGES
+        watch = _loops.register(loop, None if python_loop else sys._getframe(1))
+        watch.discovered = True
+
+    with contextlib.suppress(RuntimeError):  # closed meanwhile
+        loop.call_soon_threadsafe(found, context=contextvars.Context())
+
+
+watchdog = Watchdog()
+
+
+def _after_fork_in_child() -> None:
+    watchdog._thread = None
+    watchdog._leaving = False
+    watchdog._control = _forksafe.lock()  # (reset by _forksafe too: this one is new and free)
+    watchdog._waker = allocate_lock()
+    watchdog._waker.acquire()
+    watchdog._finder = _discovery.Finder()
+    _loops.reinit_after_fork()
+    # Forked by a thread running a loop, which runs on in the child (or loops
+    # that announce nothing may start).
+    if watchdog._enabled and (_loops.watches or watchdog._unseen_loops_possible()):
+        with watchdog._control:
+            watchdog._spawn()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=watchdog._before_fork,
+        after_in_parent=watchdog._after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
+_loops.on_change = watchdog.loop_started
