@@ -578,13 +578,24 @@ def test_the_probe_leaves_the_watchdog_idle_on_an_idle_loop(instrumented: tuple[
     metrics, options = instrumented
     AiocopInstrumentor().instrument(**options, probe_interval_ms=50)
 
-    async def idle() -> tuple[int, float]:
-        await asyncio.sleep(1.0)  # past the watchdog's fast spell after start-up
-        polls, started = _watchdog.watchdog.polls, time.perf_counter()
-        await asyncio.sleep(1.5)
-        return _watchdog.watchdog.polls - polls, time.perf_counter() - started
+    counts: list[tuple[int, float]] = []
 
-    polls, seconds = asyncio.run(idle())
+    def count() -> None:  # from another thread: reading on the loop would wake it, a real wake-up
+        counts.append((_watchdog.watchdog.polls, time.perf_counter()))
+
+    async def idle() -> None:
+        # The window: past the watchdog's fast spell after start-up, and with
+        # nothing but the probe's ticks on the loop (one sleep throughout).
+        timers = [threading.Timer(1.0, count), threading.Timer(2.5, count)]
+        for timer in timers:
+            timer.start()
+        await asyncio.sleep(2.8)
+        for timer in timers:
+            timer.join()
+
+    asyncio.run(idle())
+    (first, started), (last, ended) = counts
+    polls, seconds = last - first, ended - started
     ticks = sum(p.count for p in metrics.points("asyncio.eventloop.delay"))
     assert ticks >= 10  # ~50 at 20 a second: the probe did run
     # One look per idle interval, and one more after each tick at most; never the fast looks' 250 a second.

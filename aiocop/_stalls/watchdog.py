@@ -570,6 +570,11 @@ class Watchdog:
         # reads counts as the loop's own activity, never the other way round.
         probes = [watch.probe_cpu for watch in watches.values()]
         clocks = [watch.cpu_time() for watch in watches.values()]
+        # Read after the clocks: a tick under way at their read (its CPU is told
+        # only at its end) or one that ended since the probes' read is no
+        # activity of the loop's (taken for one, it kept the watchdog looking
+        # every 4 ms for half a second, one idle spell in three).
+        ticking = [watch.own or watch.probe_cpu != seen for watch, seen in zip(watches.values(), probes, strict=True)]
         # Includes this thread's own frame, this very function's: left in,
         # this frame and the dict would hold each other, and with them every
         # frame of the loops' stacks at this look (and the tasks and locals
@@ -577,7 +582,7 @@ class Watchdog:
         frames.pop(threading.get_ident(), None)
         others = self._finder.read(frames, watches, now)
         busy = active = False
-        for (thread_id, watch), cpu, probe in zip(watches.items(), clocks, probes, strict=True):
+        for (thread_id, watch), cpu, probe, tick in zip(watches.items(), clocks, probes, ticking, strict=True):
             frame = frames.get(thread_id)
             if frame is None or (watch.discovered and not _still_running(watch)):
                 if frame is not None:
@@ -591,7 +596,7 @@ class Watchdog:
                 continue
             idle_cpu = watch.idle_cpu
             busy |= self._poll_one(watch, frame, now, cpu)
-            active |= _moved(idle_cpu, watch.idle_cpu, probe - watch.probe_seen)
+            active |= not tick and _moved(idle_cpu, watch.idle_cpu, probe - watch.probe_seen)
             watch.probe_seen = probe
         # Threads running no known loop: one stepping is registered now, and
         # its step looked at in this same look (timed from the thread's last look).
