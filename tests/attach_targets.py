@@ -80,7 +80,11 @@ def hostile(mode: str) -> None:
         agent.run = lambda settings: answer(settings, mode)  # type: ignore[attr-defined]
     sys.modules["aiocop"] = package
     if mode != "unrelated-aiocop":  # another package named aiocop, without an agent
-        package._attach_agent = agent  # type: ignore[attr-defined]
+        commands = types.ModuleType("aiocop._commands")
+        commands.__path__ = []
+        commands.attach_agent = agent  # type: ignore[attr-defined]
+        package._commands = commands  # type: ignore[attr-defined]
+        sys.modules["aiocop._commands"] = commands
         sys.modules["aiocop._commands.attach_agent"] = agent
 
 

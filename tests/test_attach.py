@@ -338,8 +338,8 @@ def test_a_target_running_aiocop_already(targets: Any) -> None:
     target = targets("with-aiocop")
     before = inside(target.pid, STATE)
     own = (
-        "{'started': sys.modules['aiocop']._state.started,"
-        " 'callbacks': len(sys.modules['aiocop']._callbacks.registered())}"
+        "{'started': sys.modules['aiocop._model.state'].started,"
+        " 'callbacks': len(sys.modules['aiocop._model.callbacks'].registered())}"
     )
     assert inside(target.pid, own) == {"started": True, "callbacks": 1}
     result = aiocop_attach(str(target.pid), "--seconds", "1", "--threshold-ms", "5")
@@ -423,11 +423,11 @@ def test_two_attaches_at_once(targets: Any) -> None:
 
 # What a target running aiocop itself has set: a session leaves it as it was.
 OWN = (
-    "{'started': sys.modules['aiocop']._state.started,"
-    " 'watchdog': sys.modules['aiocop']._watchdog.watchdog.running,"
-    " 'config': vars(sys.modules['aiocop']._state.config),"
-    " 'sampling': vars(sys.modules['aiocop']._watchdog.sampling),"
-    " 'callbacks': len(sys.modules['aiocop']._callbacks.registered())}"
+    "{'started': sys.modules['aiocop._model.state'].started,"
+    " 'watchdog': sys.modules['aiocop._stalls.watchdog'].watchdog.running,"
+    " 'config': vars(sys.modules['aiocop._model.state'].config),"
+    " 'sampling': vars(sys.modules['aiocop._stalls.watchdog'].sampling),"
+    " 'callbacks': len(sys.modules['aiocop._model.callbacks'].registered())}"
 )
 
 
@@ -515,7 +515,7 @@ def run_inside(pid: int, statements: str) -> None:
         ("status-escapes", "it failed\\x1b]0;owned\\x07\\x1b[2J\\x1b[31m\\u202e"),
         (
             "unrelated-aiocop",
-            "could not load aiocop ? (?): ModuleNotFoundError: No module named 'aiocop._commands.attach_agent'",
+            "could not load aiocop ? (?): ModuleNotFoundError: No module named 'aiocop._commands'",
         ),
         (
             "old-agent",
