@@ -320,3 +320,39 @@ def test_an_output_planted_after_the_check_is_refused_by_descriptor_untouched(
     with _report_files.open_own("--html", str(mine)) as out:
         out.write("report")
     assert (tmp_path / "target.html").read_text() == "report"
+
+
+@needs_root
+def test_an_output_in_a_folder_another_user_controls_is_refused(tmp_path: Path) -> None:
+    """Found by review: the folders above attach's output, not only the file, are checked.
+
+    A folder of the target's user could be turned into a link to a folder of
+    root's while attach runs, and root's file there truncated and rewritten.
+    """
+    from aiocop._reporting import report_files as _report_files
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 12345, -1)
+    problem = _report_files.planted_problem("--html", str(theirs / "out" / "report.html"))
+    assert problem is not None and "belongs to another user (uid 12345)" in problem
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)  # writable by all, not sticky: an entry can be swapped for a link
+    problem = _report_files.planted_problem("--json", str(open_to_all / "report.json"))
+    assert problem is not None and "which other users can write to (mode 777)" in problem
+    # The link's own folder is root's, but where it leads is not: checked as resolved too.
+    (tmp_path / "link").symlink_to(theirs)
+    problem = _report_files.planted_problem("--folded", str(tmp_path / "link" / "stacks.txt"))
+    assert problem is not None and "uid 12345" in problem
+    with pytest.raises(PermissionError, match="belongs to another user"):
+        _report_files.open_own("--html", str(theirs / "report.html"))
+    assert not (theirs / "report.html").exists()
+    # A sticky folder writable by all (/tmp) and a folder of one's own are fine; the file is the user's alone.
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    assert _report_files.planted_problem("--html", str(sticky / "report.html")) is None
+    with _report_files.open_own("--html", str(sticky / "report.html")) as out:
+        out.write("ok")
+    assert stat.S_IMODE(os.stat(sticky / "report.html").st_mode) == 0o600

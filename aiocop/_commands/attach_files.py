@@ -256,7 +256,8 @@ class Exchange:
 
     def leave(self, name: str) -> None:
         """An empty file the target looks for (`stop`, `cancelled`)."""
-        with contextlib.suppress(FileExistsError):
+        # Already there, or the folder gone: once handed over, the target owns it and may have removed it.
+        with contextlib.suppress(OSError):
             os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=self.fd))
 
     def has(self, name: str) -> bool:

@@ -10,6 +10,7 @@ import errno
 import os
 import stat
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from aiocop._common.inputs import open_for_writing
@@ -47,11 +48,43 @@ def planted_problem(flag: str, path: str) -> str | None:
     write over a file of its choosing; a file of another user's would let
     that user read the report. Checked again, by descriptor, when written.
     """
+    folder = _folder_problem(flag, path)
+    if folder is not None:
+        return folder
     try:
         status = os.lstat(path)
     except (OSError, ValueError):
         return None  # absent: created by this process
     return _planted(flag, path, status)
+
+
+def _folder_problem(flag: str, path: str) -> str | None:
+    # Every folder above the file, as named and as resolved: one that another
+    # user owns, or may write to (a sticky one such as /tmp aside: no one
+    # renames another's entries there), could become, while attach runs, a
+    # link to a folder of root's, and the report be written there.
+    try:
+        named = Path(os.path.abspath(path)).parent
+        places = {named, *named.parents}
+        resolved = Path(os.path.realpath(named))
+        places |= {resolved, *resolved.parents}
+    except (OSError, ValueError):
+        return None  # not a path: the open says so
+    trusted = (0, os.geteuid())
+    for place in sorted(places, key=lambda p: len(p.parts)):
+        try:
+            status = os.lstat(place)
+        except OSError:
+            continue  # not there: the open says so
+        if status.st_uid not in trusted:
+            return (
+                f"{flag}: {path!r} is in {str(place)!r}, which belongs to another user (uid {status.st_uid}), "
+                "who could turn it into a link elsewhere: refused"
+            )
+        if stat.S_ISDIR(status.st_mode) and status.st_mode & 0o022 and not status.st_mode & stat.S_ISVTX:
+            mode = status.st_mode & 0o7777
+            return f"{flag}: {path!r} is in {str(place)!r}, which other users can write to (mode {mode:o}): refused"
+    return None
 
 
 def _planted(flag: str, path: str, status: os.stat_result) -> str | None:
@@ -81,7 +114,7 @@ def open_own(flag: str, path: str) -> TextIO:
         follow = False
     flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, flags, 0o666)
+        fd = os.open(path, flags, 0o600)  # the target's stacks and values: its user and root only
     except OSError as error:
         if error.errno == errno.ELOOP:  # a link put there since the look above
             raise PermissionError(f"{flag}: {path!r} became a symbolic link while it was opened: refused") from None
