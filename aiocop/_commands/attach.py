@@ -453,7 +453,10 @@ class _Session:
                         f"PID {self.pid} ran aiocop's script but said nothing within {self.start_timeout:g} s "
                         "(it could not write in the exchange folder: a full disk?); it detaches on its own"
                     )
-                raise NotRunError(not_run_message(self.pid, self.start_timeout))
+                message = not_run_message(self.pid, self.start_timeout)
+                if self.pin.exited():  # checked after the reads: what they said was of the pinned process
+                    raise AttachError(f"PID {self.pid} exited before it ran aiocop's script")
+                raise NotRunError(message)
             _progress(f"aiocop: waiting for PID {self.pid} to run aiocop's script...")
             time.sleep(0.05)
         if status["state"] == "error":
