@@ -33,6 +33,7 @@ from aiocop._model.severity import level_threshold
 from aiocop._model.state import Delivery
 from aiocop._reporting import delivery as _delivery
 from aiocop._reporting import hangs as _hangs
+from aiocop._stalls import settings as _settings
 from aiocop._stalls import watchdog as _watchdog
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ def detect_slow_tasks(
     _state.config.hang_after_ms = hang_after
     if on_slow_task is not None:
         _callbacks.register_slow_task_callback(on_slow_task)
-    _watchdog.sampling.share_samples = cpu_sampling
+    _settings.sampling.share_samples = cpu_sampling
     _start_watchdog()  # (idempotent: and never left half undone by a stop() from another thread)
 
 
@@ -176,7 +177,7 @@ def start_cpu_sampling(
     idle_interval = None if idle_interval_ms is None else check_ms("idle_interval_ms", idle_interval_ms, _HOUR_MS)
     max_samples = check_int("max_samples_per_slice", max_samples_per_slice, 1)
     depth = check_int("trace_depth", trace_depth, 1)
-    sampling = _watchdog.sampling
+    sampling = _settings.sampling
     sampling.interval_ms = interval
     sampling.arm_after_ms = arm_after
     sampling.share_samples = True
@@ -246,7 +247,7 @@ def is_cpu_sampling_started() -> bool:
     False after `detect_slow_tasks(cpu_sampling=False)` alone, as in 1.x:
     stalls are then still reported, without samples.
     """
-    return _watchdog.watchdog.running and _watchdog.sampling.share_samples
+    return _watchdog.watchdog.running and _settings.sampling.share_samples
 
 
 def get_slow_task_threshold_ms() -> float:

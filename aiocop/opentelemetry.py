@@ -60,6 +60,7 @@ from aiocop._model.severity import THRESHOLD_HIGH, THRESHOLD_MEDIUM, get_severit
 from aiocop._reporting import hangs as _hangs
 from aiocop._reporting.delivery import record_call, record_site, step_view
 from aiocop._reporting.sites import FILE, FUNCTION, LINE, OTHER, Attributes, RateLimit, SiteTable
+from aiocop._stalls import settings as _settings
 from aiocop._stalls import watchdog as _watchdog
 from aiocop._stalls.probe import DelayProbe
 from aiocop._version import __version__
@@ -543,7 +544,7 @@ class AiocopInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if started_interception:
             _api.configure()  # [tool.aiocop] if the project has one
         started_watchdog = not _watchdog.watchdog.running
-        sampling = _watchdog.sampling.share_samples
+        sampling = _settings.sampling.share_samples
         self._replaced = None
         if started_watchdog:
             _api.detect_slow_tasks(threshold_ms=options["threshold_ms"] or _state.config.threshold_ms)

@@ -54,6 +54,7 @@ if mode == "before":
 if mode != "baseline":
     import aiocop
     from aiocop._stalls import watchdog as _watchdog
+    from aiocop._stalls import settings as _settings
 
     def patch(owner, name, value):  # a private name that has gone must fail the mode, not pass unpatched
         if not hasattr(owner, name):
@@ -65,7 +66,7 @@ if mode != "baseline":
     elif mode == "emptylooks":  # the thread wakes every 2 ms, takes the GIL, and looks at nothing
         patch(_watchdog.Watchdog, "poll", lambda self: (True, True))
     elif mode == "slowlooks":  # looks every 50 ms (stalls shorter than that go unseen)
-        patch(_watchdog.sampling, "busy_poll_ms", 50.0)
+        patch(_settings.sampling, "busy_poll_ms", 50.0)
         patch(_watchdog, "_FAST_IDLE_S", 0.05)
     if mode != "watchdog":
         aiocop.start_blocking_io_detection()

@@ -25,6 +25,7 @@ import statistics
 import time
 
 import aiocop
+from aiocop._stalls import settings as _settings
 from aiocop._stalls import watchdog as _watchdog
 
 BATCH = 1000
@@ -61,9 +62,9 @@ def main() -> None:
         times["stopped"].append(loop.run_until_complete(_run(args.tasks)))
         aiocop.detect_slow_tasks(threshold_ms=30)
         for label, poll_ms in (("2 ms", 2.0), ("10 ms", 10.0)):
-            _watchdog.sampling.busy_poll_ms = poll_ms
+            _settings.sampling.busy_poll_ms = poll_ms
             times[label].append(loop.run_until_complete(_run(args.tasks)))
-        _watchdog.sampling.busy_poll_ms = 2.0
+        _settings.sampling.busy_poll_ms = 2.0
     loop.run_until_complete(asyncio.sleep(0.01))
     loop.close()
     aiocop.stop()

@@ -426,7 +426,7 @@ OWN = (
     "{'started': sys.modules['aiocop._model.state'].started,"
     " 'watchdog': sys.modules['aiocop._stalls.watchdog'].watchdog.running,"
     " 'config': vars(sys.modules['aiocop._model.state'].config),"
-    " 'sampling': vars(sys.modules['aiocop._stalls.watchdog'].sampling),"
+    " 'sampling': vars(sys.modules['aiocop._stalls.settings'].sampling),"
     " 'callbacks': len(sys.modules['aiocop._model.callbacks'].registered())}"
 )
 

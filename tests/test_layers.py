@@ -60,6 +60,10 @@ LAYERS: list[dict[str, list[str]]] = [
     {
         "aiocop._stalls": [
             "aiocop._stalls.watchdog",
+            "aiocop._stalls.settings",
+            "aiocop._stalls.timing",
+            "aiocop._stalls.stacks",
+            "aiocop._stalls.attribution",
             "aiocop._stalls.discovery",
             "aiocop._stalls.tripwire",
             "aiocop._stalls.probe",

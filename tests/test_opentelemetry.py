@@ -30,6 +30,7 @@ import aiocop
 from aiocop._interception import loops as _loops
 from aiocop._model import callbacks as _callbacks
 from aiocop._model import state as _state
+from aiocop._stalls import settings as _settings
 from aiocop._stalls import watchdog as _watchdog
 from aiocop.opentelemetry import _DEFAULTS, ATTRIBUTES, DELAY_BUCKETS, SIGNALS, AiocopInstrumentor
 from tests import stalls
@@ -667,9 +668,9 @@ def test_threshold_ms_on_the_applications_watchdog_is_put_back(instrumented: tup
     aiocop.start_blocking_io_detection()
     aiocop.detect_slow_tasks(threshold_ms=100, cpu_sampling=False)
     AiocopInstrumentor().instrument(**options)  # threshold_ms=20
-    assert (_state.config.threshold_ms, _watchdog.sampling.share_samples) == (THRESHOLD_MS, False)
+    assert (_state.config.threshold_ms, _settings.sampling.share_samples) == (THRESHOLD_MS, False)
     AiocopInstrumentor().uninstrument()
-    assert (_state.config.threshold_ms, _watchdog.sampling.share_samples) == (100, False)
+    assert (_state.config.threshold_ms, _settings.sampling.share_samples) == (100, False)
 
 
 def test_an_overloaded_loop_shows_in_the_histogram(instrumented: tuple[Metrics, dict[str, Any]]) -> None:

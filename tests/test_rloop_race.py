@@ -28,6 +28,7 @@ import pytest
 
 import aiocop
 from aiocop._interception import loops as _loops
+from aiocop._stalls import settings as _settings
 from aiocop._stalls import watchdog as _watchdog
 from tests.conftest import Collector, loop_factory, quiet_rloop, run_python
 
@@ -157,7 +158,7 @@ def test_loop_starts_do_not_wake_a_watchdog_that_is_looking_already(loop_name: s
 
 def test_a_loop_start_wakes_a_watchdog_sleeping_long(detector: Collector, monkeypatch: pytest.MonkeyPatch) -> None:
     # An idle sleep of a minute: only a wake-up makes it look within the test.
-    monkeypatch.setattr(_watchdog.sampling, "idle_interval_ms", 60_000.0)
+    monkeypatch.setattr(_settings.sampling, "idle_interval_ms", 60_000.0)
     aiocop.detect_slow_tasks(threshold_ms=10)
     watchdog = _watchdog.watchdog
     # Its thread runs only while loops do (issue 24): a first loop starts it,

@@ -13,7 +13,7 @@ import aiocop._reporting.delivery
 from aiocop._interception import hook as _hook
 from aiocop._interception import loops as _loops
 from aiocop._reporting import delivery as _delivery
-from aiocop._stalls import watchdog as _watchdog
+from aiocop._stalls import attribution as _attribution
 from tests import stalls
 from tests.conftest import Collector, loop_factory, quiet_rloop, run_on
 from tests.test_watchdog import stall_lines, watchdog  # noqa: F401 - fixture
@@ -75,10 +75,10 @@ def test_a_report_queued_on_a_loop_as_it_stops_is_delivered_off_it(
             loop.close()
 
 
-def _stall(start: float, end: float, seen_until: float) -> _watchdog.Stall:
+def _stall(start: float, end: float, seen_until: float) -> _attribution.Stall:
     watch = _loops.LoopWatch.__new__(_loops.LoopWatch)
     watch.thread_id = -1
-    return _watchdog.Stall(watch, start, end, [], False, None, ident=object(), seen_until=seen_until)
+    return _attribution.Stall(watch, start, end, [], False, None, ident=object(), seen_until=seen_until)
 
 
 def _group(t_first: float) -> _hook.StepGroup:

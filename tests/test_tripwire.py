@@ -18,7 +18,7 @@ import pytest
 
 import aiocop
 from aiocop._interception import loops as _loops
-from aiocop._stalls import watchdog as _watchdog
+from aiocop._stalls import settings as _settings
 from tests import stalls
 from tests.conftest import Collector, run_on
 from tests.test_watchdog import stall_lines
@@ -33,7 +33,7 @@ WAIT_S = 30.0  # for the watchdog to go to its long sleep: a busy machine's wors
 
 @pytest.fixture
 def quiet_watchdog(detector: Collector, monkeypatch: pytest.MonkeyPatch) -> Collector:
-    monkeypatch.setattr(_watchdog.sampling, "idle_interval_ms", 60_000.0)
+    monkeypatch.setattr(_settings.sampling, "idle_interval_ms", 60_000.0)
     aiocop.detect_slow_tasks(threshold_ms=30)
     return detector
 

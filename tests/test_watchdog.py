@@ -19,6 +19,7 @@ import pytest
 
 import aiocop
 from aiocop._reporting import delivery as _delivery
+from aiocop._stalls import settings as _settings
 from aiocop._stalls import watchdog as _watchdog
 from tests import stalls
 from tests.conftest import Collector, _loop_param, loop_factory, quiet_rloop, reset_aiocop, run_in_thread, run_on
@@ -206,7 +207,7 @@ def test_a_task_that_keeps_yielding_is_not_a_stall(
             await asyncio.sleep(0)
 
     # Polls 40 ms apart, as when a busy thread starves the watchdog.
-    monkeypatch.setattr(_watchdog.sampling, "busy_poll_ms", 40.0)
+    monkeypatch.setattr(_settings.sampling, "busy_poll_ms", 40.0)
     monkeypatch.setattr(_watchdog, "_FAST_IDLE_S", 0.04)
     run_on(loop_name, main())
     time.sleep(0.1)
@@ -317,7 +318,7 @@ def test_stop_right_after_a_stall_in_a_loops_last_step(
     watchdog: Collector, loop_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Polls far apart: the watchdog has not looked since the loop stopped.
-    monkeypatch.setattr(_watchdog.sampling, "busy_poll_ms", 40.0)
+    monkeypatch.setattr(_settings.sampling, "busy_poll_ms", 40.0)
     monkeypatch.setattr(_watchdog, "_FAST_IDLE_S", 0.04)
     aiocop.start_blocking_io_detection(delivery="thread")
 
@@ -354,7 +355,7 @@ def test_sync_reports_a_stall_that_just_ended(
 ) -> None:
     # Polls far apart: without sync() the watchdog would see the end of the
     # stall only at its next look, after the assertion.
-    monkeypatch.setattr(_watchdog.sampling, "busy_poll_ms", 40.0)
+    monkeypatch.setattr(_settings.sampling, "busy_poll_ms", 40.0)
     monkeypatch.setattr(_watchdog, "_FAST_IDLE_S", 0.04)
     aiocop.start_blocking_io_detection(delivery="thread")  # delivered by the worker: drain() waits for it
     ended = threading.Event()
@@ -384,7 +385,7 @@ def test_sync_reports_a_stall_that_just_ended(
 
 def test_start_cpu_sampling_options_and_validation(watchdog: Collector, loop_name: str) -> None:
     aiocop.start_cpu_sampling(interval_ms=5, arm_after_ms=5, idle_interval_ms=2, max_samples_per_slice=3)
-    assert _watchdog.sampling.max_samples_per_slice == 3
+    assert _settings.sampling.max_samples_per_slice == 3
     run_on(loop_name, timed_stall(stalls.spin))
     event = only_event(watchdog)
     # Capped at three (a 5 ms interval over the stall would take many more); a busy

@@ -49,6 +49,7 @@ from aiocop._model import callbacks as _callbacks
 from aiocop._model import state as _state
 from aiocop._reporting import delivery as _delivery
 from aiocop._reporting.report import Summary
+from aiocop._stalls import settings as _stall_settings
 from aiocop._stalls import watchdog as _watchdog
 
 if TYPE_CHECKING:
@@ -172,7 +173,7 @@ _seen_loops: set[int] = set()
 
 def _settings() -> tuple[dict[str, Any], dict[str, Any], bool]:
     """The target's own settings, put back when the session ends: a session changes none of them."""
-    return dict(vars(_state.config)), dict(vars(_watchdog.sampling)), _state.ever_started
+    return dict(vars(_state.config)), dict(vars(_stall_settings.sampling)), _state.ever_started
 
 
 def _install(
@@ -267,7 +268,7 @@ def _undo(undo: list[tuple[str, Callable[[], None]]], saved: tuple[dict[str, Any
             failed.append(f"{name}: {type(error).__name__}: {error}")
     config, sampling, ever_started = saved
     vars(_state.config).update(config)
-    vars(_watchdog.sampling).update(sampling)
+    vars(_stall_settings.sampling).update(sampling)
     _state.ever_started = ever_started
     try:
         _hook.rebuild()

@@ -272,7 +272,7 @@ class StepGroup:
 
     loop: AbstractEventLoop | None
     key: object  # what identifies the step: its task, or a callback's outermost frame
-    # The step as the watchdog names it (`_watchdog.step_of`): asyncio's
+    # The step as the watchdog names it (`_stacks.step_of`): asyncio's
     # dispatch frame, else the step's outermost frame. A stall of this very
     # step joins its event; any other step's stall is its own event.
     ident: object = None

@@ -86,7 +86,7 @@ class LoopWatch:
         self.beat_posted = 0.0  # perf_counter() of the heartbeat in flight, or 0
         self.beat_done = 0.0  # when the last heartbeat ran on the loop
         self.last_io: tuple[float, float] = (0.0, 0.0)  # window of the last io event delivered
-        # and the hash() of its step (`_watchdog.step_of`, a frame, whose hash
+        # and the hash() of its step (`_stacks.step_of`, a frame, whose hash
         # is its address, as id() would give without id()'s audit event): not
         # the frame itself, which would keep its locals (the task) alive. An
         # address can be reused once the frame has gone, but only by a step

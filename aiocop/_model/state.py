@@ -64,7 +64,7 @@ def needs_task_record(task: object, enabled: bool) -> bool:
 
     Called once the scope has set the variable. The watchdog reads a stalled
     task's setting from its record if it has one, else from the task's own
-    context (`Task.get_context()`, 3.12+; see `_watchdog.StalledTask.of`).
+    context (`Task.get_context()`, 3.12+; see `_stalls.attribution.StalledTask.of`).
     Where that context shows the setting and no enclosing scope left a
     record, none is needed: the scope costs a fraction. A task without
     `get_context()` (3.10, 3.11), or one that does not run in the context it

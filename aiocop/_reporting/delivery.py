@@ -30,6 +30,8 @@ from aiocop._model import state as _state
 from aiocop._model.events import BlockingEventInfo, CpuStackSample, RawBlockingEvent, SlowTaskEvent
 from aiocop._model.exceptions import HighSeverityBlockingIoException
 from aiocop._model.severity import get_severity_level_from_score, impact_level
+from aiocop._stalls import attribution as _attribution
+from aiocop._stalls import settings as _settings
 from aiocop._stalls import watchdog as _watchdog
 
 if TYPE_CHECKING:
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
 
     from aiocop._interception.hook import Record, StepGroup
     from aiocop._interception.loops import LoopWatch
-    from aiocop._stalls.watchdog import Stall
+    from aiocop._stalls.attribution import Stall
 
 logger = logging.getLogger("aiocop")
 
@@ -225,7 +227,7 @@ def _step_fields(
     threshold_ms = origin.threshold_ms
     raised = group.raised
     events = [format_record(r, origin.wall_offset, r is raised) for r in group.records]
-    samples = format_samples(stall.samples) if stall is not None and _watchdog.sampling.share_samples else []
+    samples = format_samples(stall.samples) if stall is not None and _settings.sampling.share_samples else []
     return {
         "elapsed_ms": elapsed_ms,
         "threshold_ms": threshold_ms,
@@ -458,7 +460,7 @@ def _take_stall_of(group: StepGroup, watch: LoopWatch) -> None:
         start = step.start()
         if step.ident is group.ident:
             step.merged = True
-            group.stall = _watchdog.stall_of(step, start, group.t_end, watch)
+            group.stall = _attribution.stall_of(step, start, group.t_end, watch)
         elif step.t_last > group.t_first:
             group.t_end = max(group.t_first, min(group.t_end, start))
     if group.stall is not None:
@@ -498,7 +500,7 @@ def _report_stall(stall: Stall) -> None:
     if not _state.active:
         stall.release()
         return  # deactivate() pauses stall reports too, as it pauses everything else
-    seen = stall.task or _watchdog.StalledTask.of(stall.watch.loop, stall.root)
+    seen = stall.task or _attribution.StalledTask.of(stall.watch.loop, stall.root)
     stall.release()  # the task is known: the event keeps no frame (and its locals), task or context alive
     if not seen.monitored:
         return  # the stalled task runs under monitored(False)

@@ -33,14 +33,17 @@ from aiocop._model import callbacks as _callbacks
 from aiocop._model import state as _state
 from aiocop._model.events import SlowTaskEvent
 from aiocop._reporting import delivery as _delivery
+from aiocop._stalls import attribution as _attribution
 from aiocop._stalls import culprit as _culprit
+from aiocop._stalls import settings as _settings
 from aiocop._stalls import watchdog as _watchdog
 
 if TYPE_CHECKING:
     from types import CodeType, FrameType
 
     from aiocop._interception.loops import LoopWatch
-    from aiocop._stalls.watchdog import StalledTask, Step
+    from aiocop._stalls.attribution import StalledTask
+    from aiocop._stalls.timing import Step
 
 logger = logging.getLogger("aiocop")
 
@@ -78,7 +81,7 @@ def report(watch: LoopWatch, step: Step, innermost: FrameType, now: float) -> No
         return  # deactivate() pauses every report
     # Reported even in a monitored(False) scope (an unsampled request): a
     # hung loop stops every request, and a report costs them nothing.
-    task = step.task if step.task is not None else _watchdog.StalledTask.of(watch.loop, step.root)
+    task = step.task if step.task is not None else _attribution.StalledTask.of(watch.loop, step.root)
     group = _group_of(watch, step)
     blocker, blocker_trace = _blocker(innermost)
     wrapped = _wrapped_call(innermost)
@@ -103,7 +106,7 @@ def _stack(innermost: FrameType, root: FrameType) -> Stack:
     # waiting in the lock it wraps) left out, up to the step's outermost frame.
     frames: list[tuple[CodeType, int]] = []
     f: FrameType | None = innermost
-    depth = _watchdog.sampling.trace_depth
+    depth = _settings.sampling.trace_depth
     while f is not None and len(frames) < depth:
         if _frames.frame_kind(f) != Kind.AIOCOP:
             frames.append((f.f_code, f.f_lasti))
@@ -245,7 +248,7 @@ def build_event(hang: Hang) -> SlowTaskEvent:
 
 
 def _culprit_of(hang: Hang, stack: list[tuple[Stack, int]]) -> str:
-    described = _watchdog.describe(stack, hang.waiting)
+    described = _attribution.describe(stack, hang.waiting)
     if not (hang.wrapped and hang.waiting):
         return described
     method = hang.wrapped.rpartition(".")[2]

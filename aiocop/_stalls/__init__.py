@@ -1,6 +1,10 @@
 """The stall watchdog: a background thread that notices loops that have not come back.
 
-- `watchdog`: the thread, its timing of each loop's steps, its stack samples of a stuck one.
+- `watchdog`: the thread: when it looks, what each look does with each loop, when it sleeps and ends.
+- `settings`: how often it looks and samples (`sampling`, set by `detect_slow_tasks()`).
+- `timing`: when a step began and ended, from the looks and the loop thread's CPU clock.
+- `stacks`: which step a loop thread's stack is in, and the samples taken of it.
+- `attribution`: a finished stall, its task and what the loop was doing.
 - `discovery`: loops aiocop was not told about, found stepping from a thread's stack.
 - `tripwire`: a profile function on an idle loop's thread that wakes the watchdog as the loop wakes.
 - `probe`: how late each loop runs its timers (the delay histogram).

@@ -17,15 +17,26 @@ reported like any other.
 A thread whose CPU clock has not moved is where its last walk left it, and
 is not walked again: an idle process pays one clock read per thread per
 look.
+
+Once a second (`discover`), the idle ones too: a loop written in Python
+found by its dispatch frame, and one written in C by the running loop its
+thread's innermost frame holds, which is sent a probe (`_probe`) that
+registers it from its own thread, with its own edge.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import sys
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
+from aiocop._common.clock import perf_counter
+from aiocop._interception import frames as _frames
 from aiocop._interception import loops as _loops
 
 if TYPE_CHECKING:
@@ -209,3 +220,75 @@ def _is_aiocops(thread_id: int) -> bool:
     # aiocop's own threads (delivery, hang reports) run no loop.
     thread = threading._active.get(thread_id)  # type: ignore[attr-defined]  # (a dict lookup, no enumerate())
     return thread is not None and thread.name.startswith("aiocop-")
+
+
+def discover(frames: dict[int, FrameType], watches: dict[int, LoopWatch]) -> None:
+    """Find running loops whose start aiocop did not see, on the stacks of the other threads.
+
+    Two kinds: loops written in Python that set no asyncgen hooks and have
+    made no blocking call yet (veloxloop), by their dispatch frame; and loops
+    written in C that bound the start signals before aiocop wrapped them
+    (Leviathan looks up `sys.set_asyncgen_hooks` and
+    `asyncio._set_running_loop` once, at import), by the running loop the
+    thread's innermost frame holds: idle, such a loop runs no Python code,
+    and that frame is the one that called into it.
+    """
+    known = {id(watch.loop) for watch in watches.values()}
+    for thread_id, frame in frames.items():
+        if thread_id in watches or thread_id == threading.get_ident():
+            continue
+        f: FrameType | None = frame
+        depth = 0
+        while f is not None and depth < _MAX_WALK:
+            depth += 1
+            name = f.f_globals.get("__name__")
+            roles = _frames.LOOP_ROLES.get(name) if isinstance(name, str) else None
+            if roles is not None and roles.get(f.f_code.co_name) == "dispatch" and name != "asyncio.events":
+                loop = f.f_locals.get("self")
+                if loop is not None:
+                    _register_foreign(loop, thread_id)
+                break
+            f = f.f_back
+        else:
+            loop = running_loop_held_by(frame)
+            if loop is not None and id(loop) not in known:
+                _probe(loop)
+
+
+def still_running(watch: LoopWatch) -> bool:
+    loop = watch.loop
+    return loop is not None and loop.is_running()
+
+
+def _register_foreign(loop: Any, thread_id: int) -> None:
+    if isinstance(loop, asyncio.AbstractEventLoop):
+        _loops.register(loop, None, thread_id)
+
+
+# Loops sent a probe, and when: one probe per loop while it has not answered.
+_probed: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, float] = weakref.WeakKeyDictionary()
+_PROBE_AGAIN_S = 5.0
+
+
+def _probe(loop: asyncio.AbstractEventLoop) -> None:
+    """Ask `loop` to run a callback that registers it, on its own thread and with its own edge.
+
+    Which thread runs a loop cannot be told from outside (the frame that
+    holds it may be another thread's); a callback the loop runs can, and the
+    frame below it is the one that called into a loop written in C: the edge
+    of its steps, as the start signal would have given.
+    """
+    now = perf_counter()
+    if now - _probed.get(loop, -_PROBE_AGAIN_S) < _PROBE_AGAIN_S:
+        return
+    _probed[loop] = now
+
+    def found() -> None:
+        if threading.get_ident() in _loops.watches:
+            return
+        python_loop = type(loop).__module__.partition(".")[0] in _loops.PYTHON_LOOP_PACKAGES
+        watch = _loops.register(loop, None if python_loop else sys._getframe(1))
+        watch.discovered = True
+
+    with contextlib.suppress(RuntimeError):  # closed meanwhile
+        loop.call_soon_threadsafe(found, context=contextvars.Context())

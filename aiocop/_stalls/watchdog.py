@@ -4,60 +4,59 @@ Call interception cannot see blocking that raises no audit event: CPU-bound
 code, C extensions, functions bound before patching. The watchdog polls the
 stacks of every registered loop thread (`sys._current_frames`). A loop is in
 a step when its stack reaches above the step's edge (the same edges the audit
-hook uses); a step that is still running after `threshold_ms` is a stall.
-While it lasts, the loop thread's stack is sampled every `interval_ms`; when
-it ends, one `SlowTaskEvent(reason="cpu_blocking")` is reported, or the
-samples join the io event of the same step.
+hook uses: `stacks`); a step that is still running after `threshold_ms` is a
+stall. While it lasts, the loop thread's stack is sampled every
+`interval_ms`; when it ends, one `SlowTaskEvent(reason="cpu_blocking")` is
+reported (`attribution`), or the samples join the io event of the same step.
 
 Timing without wrapping anything: a stall's start and end are bracketed by
 polls (every `busy_poll_ms` while a loop is busy, `idle_interval_ms` while all
 are idle, each idle loop armed to wake the watchdog as it wakes: _tripwire)
-and refined by the loop thread's CPU clock, which for a CPU-bound
-stall gives the start and end to within the clock's resolution. On loops
-written in C, where one task's consecutive steps share a root frame, a
-heartbeat (`call_soon_threadsafe`) sent only when the same root is seen twice
-in a row tells "still stuck" from "busy but iterating".
+and refined by the loop thread's CPU clock (`timing`). On loops written in C,
+where one task's consecutive steps share a root frame, a heartbeat
+(`call_soon_threadsafe`) sent only when the same root is seen twice in a row
+tells "still stuck" from "busy but iterating".
 
-The watchdog never touches a loop that is not stuck and adds nothing to the
-work of a step; its own cost is a few microseconds per poll.
+This module is the thread: when it looks, what a look does with each loop,
+when it sleeps and when it ends. The watchdog never touches a loop that is
+not stuck and adds nothing to the work of a step; its own cost is a few
+microseconds per poll.
+
+May import: aiocop._common, aiocop._model, aiocop._interception, and the rest of aiocop._stalls.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import contextvars
 import gc
 import logging
 import os
 import sys
 import threading
-import weakref
 from _thread import LockType, allocate_lock
-from collections import deque
-from dataclasses import dataclass
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from aiocop._common import forksafe as _forksafe
-from aiocop._common.clock import monotonic, perf_counter
-from aiocop._interception import frames as _frames
+from aiocop._common.clock import perf_counter
 from aiocop._interception import hook as _hook
 from aiocop._interception import loops as _loops
-from aiocop._interception.frames import Kind
 from aiocop._model import state as _state
-from aiocop._stalls import culprit as _culprit
+from aiocop._stalls import attribution as _attribution
 from aiocop._stalls import discovery as _discovery
+from aiocop._stalls import stacks as _stacks
+from aiocop._stalls import timing as _timing
 from aiocop._stalls import tripwire as _tripwire
+from aiocop._stalls.settings import sampling
 
 if TYPE_CHECKING:
-    from types import CodeType, FrameType
+    from types import FrameType
 
     from aiocop._interception.loops import LoopWatch
+    from aiocop._stalls.attribution import Stall
+    from aiocop._stalls.timing import Step
 
 logger = logging.getLogger("aiocop")
 
-_MAX_WALK = 256
 # How often threads not known to run a loop are looked at for an idle one
 # (one that runs a step is found at any look: _discovery); also the longest
 # a full look is skipped while every loop is quiet.
@@ -66,203 +65,11 @@ _DISCOVERY_S = 1.0
 # slows to `idle_interval_ms` (see Watchdog._next_interval).
 _FAST_FOR_S = 0.5
 _FAST_IDLE_S = 0.004
-# A step whose thread gets at least this share of a CPU is working, not waiting.
-_CPU_BOUND_RATE = 0.1
-
-
-@dataclass
-class SamplingConfig:
-    interval_ms: float = 10.0
-    arm_after_ms: float | None = None  # None: half the slow-task threshold
-    idle_interval_ms: float | None = None  # None: _DEFAULT_IDLE_MS
-    busy_poll_ms: float = 2.0
-    max_samples_per_slice: int = 32
-    trace_depth: int = 20
-    # detect_slow_tasks(cpu_sampling=False): stalls are still found (as 1.x
-    # found them, by timing), but events carry no stack samples.
-    share_samples: bool = True
-
-    def arm_after_s(self) -> float:
-        if self.arm_after_ms is not None:
-            return self.arm_after_ms / 1000.0
-        return _state.config.threshold_ms / 2000.0
-
-    def idle_s(self) -> float:
-        return (self.idle_interval_ms if self.idle_interval_ms is not None else _DEFAULT_IDLE_MS) / 1000.0
-
-
-_DEFAULT_IDLE_MS = 100.0
 # The watchdog's thread ends once no loop has been running for this long
 # (it starts again with the next loop).
 _IDLE_STOP_S = 5.0
 # The C method, taken before aiocop wraps lock methods: the watchdog sleeps on it.
 _acquire = LockType.acquire
-sampling = SamplingConfig()
-
-
-class Step:
-    """The step a loop was running at the last poll, and what the watchdog saw of it."""
-
-    __slots__ = (
-        "cpu_first",
-        "cpu_last",
-        "cpu_prev",
-        "hang_next",
-        "hangs",
-        "hung_s",
-        "ident",
-        "merged",
-        "next_sample",
-        "root",
-        "sample_cpu",
-        "sample_t",
-        "samples",
-        "stalled",
-        "t_first",
-        "t_last",
-        "t_prev",
-        "task",
-        "waiting",
-        "woke",
-    )
-
-    def __init__(
-        self, ident: object, root: FrameType, now: float, prev: float, cpu: float | None, cpu_prev: float | None
-    ) -> None:
-        self.ident = ident
-        self.root = root
-        self.t_prev = prev  # last poll that did not see this step
-        self.t_first = now  # first poll that did
-        self.t_last = now  # latest poll that did
-        self.cpu_prev = cpu_prev
-        self.cpu_first = cpu
-        self.cpu_last = cpu
-        # Stack -> times sampled. Plain dicts: a busy loop on asyncio makes a
-        # Step at nearly every poll, and a Counter costs µs to make.
-        self.samples: dict[tuple[tuple[CodeType, int], ...], int] = {}
-        self.waiting: dict[tuple[tuple[CodeType, int], ...], int] = {}  # samples taken while idle on CPU
-        self.sample_t = now
-        self.sample_cpu = cpu
-        self.next_sample = 0.0
-        self.stalled = False
-        self.merged = False  # its io event took it over
-        self.task: StalledTask | None = None  # whose step it is, seen when it stalled
-        # t_prev is when the loop woke from waiting for I/O and timers, not a
-        # look: what it ran since then (cpu_first - cpu_prev) came before this step.
-        self.woke = False
-        self.hangs = 0  # hang reports made of it while it ran
-        self.hung_s = 0.0  # how long it had run at its latest hang report: its final length is no less
-        self.hang_next = 0.0  # its age (s) at the next hang report; 0: hang_after_ms from the config
-
-    def cpu_rate(self) -> float:
-        """The share of a CPU the loop thread got while this step ran (0 when waiting).
-
-        A CPU-bound step runs at 1.0 alone, and at less while other threads
-        compete for the GIL: the clock-based estimates below divide by it.
-        """
-        if self.cpu_first is None or self.cpu_last is None or self.t_last <= self.t_first:
-            return 0.0
-        return min(1.0, max(0.0, (self.cpu_last - self.cpu_first) / (self.t_last - self.t_first)))
-
-    def cpu_bound(self) -> bool:
-        return self.cpu_rate() >= _CPU_BOUND_RATE
-
-    def start(self) -> float:
-        """Best estimate of when the step began."""
-        rate = self.cpu_rate()
-        if rate >= _CPU_BOUND_RATE and self.cpu_first is not None and self.cpu_prev is not None:
-            # CPU used since the last poll that did not see the step, at the
-            # step's own pace: how long before the first sighting it began
-            # (plus any time the watchdog itself held the GIL meanwhile).
-            ran = (self.cpu_first - self.cpu_prev) / rate + _paused(self.t_prev, self.t_first)
-            return max(self.t_prev, self.t_first - ran)
-        if self.woke and self.cpu_first is not None and self.cpu_prev is not None:
-            # A wait that began soon after the loop woke (a server's first
-            # request after a quiet spell): the loop ran this much since.
-            return min(self.t_first, self.t_prev + (self.cpu_first - self.cpu_prev))
-        return (self.t_prev + self.t_first) / 2.0
-
-    def known_since(self) -> float:
-        """The earliest moment the step is known, not guessed, to have been running.
-
-        The first poll that saw it, or earlier when the thread's CPU clock
-        shows it was already working before that poll. Deciding that a step is
-        a stall rests on this; the midpoint guess of `start()` only times it.
-        """
-        if (self.cpu_bound() or self.woke) and self.cpu_first is not None and self.cpu_prev is not None:
-            return self.start()
-        return self.t_first
-
-    def end(self, now: float, cpu: float | None) -> float:
-        """Best estimate of when the step ended, seen gone at `now`."""
-        rate = self.cpu_rate()
-        if rate >= _CPU_BOUND_RATE and cpu is not None and self.cpu_last is not None:
-            ran = (cpu - self.cpu_last) / rate + _paused(self.t_last, now)
-            return min(now, max(self.t_last, self.t_last + ran))
-        return (self.t_last + now) / 2.0
-
-
-# Garbage collections run by the watchdog thread itself: while one runs it
-# holds the GIL, and a loop thread that wants it back waits without using CPU,
-# which the CPU-clock estimates above must not read as the step having ended.
-_pauses: deque[tuple[float, float]] = deque(maxlen=32)
-_gc_started = 0.0
-
-
-def _on_gc(phase: str, info: dict[str, int]) -> None:
-    global _gc_started
-    thread = watchdog._thread
-    if thread is None or threading.get_ident() != thread.ident:
-        return
-    if phase == "start":
-        _gc_started = perf_counter()
-    elif _gc_started:
-        _pauses.append((_gc_started, perf_counter()))
-        _gc_started = 0.0
-
-
-def _paused(a: float, b: float) -> float:
-    """Time the watchdog spent collecting garbage between `a` and `b`."""
-    return sum(max(0.0, min(b, end) - max(a, start)) for start, end in list(_pauses))
-
-
-@dataclass
-class Stall:
-    """A finished stall, ready to report or to merge into an io event."""
-
-    watch: LoopWatch
-    start: float
-    end: float
-    samples: list[tuple[tuple[tuple[CodeType, int], ...], int]]
-    waiting: bool  # the loop thread used (almost) no CPU: it was waiting, not working
-    root: FrameType | None
-    waiting_top: bool = False  # the most frequent stack was sampled while waiting
-    task: StalledTask | None = None  # whose step it was, as seen while it stalled
-    ident: object = None  # the step's identity (`step_of`): an io event of the same step takes the stall
-    # The last look that saw the step still running: its real end lies between
-    # this and the next look (`end` is an estimate within that gap).
-    seen_until: float = 0.0
-    hang_reports: int = 0  # reported as a hang this many times while it ran
-    hung_s: float = 0.0  # how long it had run at its latest hang report
-
-    def release(self) -> None:
-        """Drop the stalled frame and task: once its event exists, it says which task it was."""
-        self.root = None
-        self.task = None
-        self.ident = None
-
-    def culprit(self) -> str:
-        """What the loop was doing (reads source lines: call it off the hot path)."""
-        return describe(self.samples, self.waiting_top)
-
-    def middle(self) -> float:
-        """Its midpoint: an io event that lasted past it was the same step.
-
-        Its edges are estimates good to a millisecond or two, while a stall
-        lasts at least the threshold: an io event of the same step ends near
-        the stall's end, one of the step before near the stall's start.
-        """
-        return (self.start + self.end) / 2.0
 
 
 # Lock for handing a stall to an io event or reporting it alone (exactly once).
@@ -555,7 +362,7 @@ class Watchdog:
         self._finish_retired()
         watches = _loops.watches
         now = perf_counter()
-        if now - self._last_scan < _DISCOVERY_S and _all_quiet(watches) and self._finder.quiet():
+        if now - self._last_scan < _DISCOVERY_S and _timing.all_quiet(watches) and self._finder.quiet():
             return False, False
         frames = sys._current_frames()
         # The time and each loop thread's CPU clock, read with the snapshot:
@@ -584,19 +391,19 @@ class Watchdog:
         busy = active = False
         for (thread_id, watch), cpu, probe, tick in zip(watches.items(), clocks, probes, ticking, strict=True):
             frame = frames.get(thread_id)
-            if frame is None or (watch.discovered and not _still_running(watch)):
+            if frame is None or (watch.discovered and not _discovery.still_running(watch)):
                 if frame is not None:
                     # Its thread runs on, maybe already in the next loop's
                     # first step: that step began after the last look that
                     # saw this loop, and is looked for now.
-                    self._finder.adopt(thread_id, *_last_seen(watch))
+                    self._finder.adopt(thread_id, *_timing.last_seen(watch))
                     others[thread_id] = cpu
                 self._finish(watch, now)
                 _loops.unregister(thread_id)
                 continue
             idle_cpu = watch.idle_cpu
             busy |= self._poll_one(watch, frame, now, cpu)
-            active |= not tick and _moved(idle_cpu, watch.idle_cpu, probe - watch.probe_seen)
+            active |= not tick and _timing.moved(idle_cpu, watch.idle_cpu, probe - watch.probe_seen)
             watch.probe_seen = probe
         # Threads running no known loop: one stepping is registered now, and
         # its step looked at in this same look (timed from the thread's last look).
@@ -609,7 +416,7 @@ class Watchdog:
             busy |= self._poll_one(watch, frames[watch.thread_id], now, others.get(watch.thread_id))
         if now - self._last_scan > _DISCOVERY_S:
             self._last_scan = now
-            _discover(frames, watches)
+            _discovery.discover(frames, watches)
         return busy, active
 
     def _finish_retired(self) -> None:
@@ -627,26 +434,26 @@ class Watchdog:
         # `now` and `cpu`: the time and the thread's CPU clock at the snapshot
         # `frame` comes from, read together (estimates divide one by the
         # other, so a skew between them would show up as speed).
-        found = step_of(frame, watch)
+        found = _stacks.step_of(frame, watch)
         step: Step | None = watch.step
         if found is None:
             if step is not None:
                 self._finish(watch, now, cpu)
             watch.step = None
             watch.beat_posted = 0.0
-            _remember_idle(watch, now, cpu)
+            _timing.remember_idle(watch, now, cpu)
             return False
         ident, root, innermost = found
-        came_back = step is not None and _loop_came_back(watch)
+        came_back = step is not None and _timing.loop_came_back(watch)
         if step is not None and step.ident is ident and not came_back:
             step.t_last = now
             step.cpu_last = cpu
         else:
-            prev, cpu_prev = _last_other(watch, step, came_back, now)
-            woke = _woke_at(ident, prev, now) or _tripped_at(watch, prev, now) if step is None else 0.0
+            prev, cpu_prev = _timing.last_other(watch, step, came_back, now)
+            woke = _timing.woke_at(ident, prev, now) or _timing.tripped_at(watch, prev, now) if step is None else 0.0
             if step is not None:
                 self._finish(watch, now, cpu)
-            step = watch.step = Step(ident, root, now, woke or prev, cpu, cpu_prev)
+            step = watch.step = _timing.Step(ident, root, now, woke or prev, cpu, cpu_prev)
             step.woke = bool(woke)
             watch.beat_posted = 0.0
         age = now - step.known_since()
@@ -666,9 +473,9 @@ class Watchdog:
                 # (sampling, request keys) have been left. Armed steps only:
                 # one that ends before any look sees it past the threshold
                 # can still be one (see _finish).
-                step.task = StalledTask.of(watch.loop, root)
+                step.task = _attribution.StalledTask.of(watch.loop, root)
             if now >= step.next_sample:
-                _sample(step, innermost, watch, now, cpu)
+                _stacks.sample(step, innermost, watch, now, cpu)
         if proven and age >= _state.config.threshold_ms / 1000.0:
             step.stalled = True
             hang_after = _state.config.hang_after_ms
@@ -685,7 +492,7 @@ class Watchdog:
         if report_hang is None:
             return
         if step.task is None:
-            step.task = StalledTask.of(watch.loop, step.root)
+            step.task = _attribution.StalledTask.of(watch.loop, step.root)
         step.hung_s = max(step.hung_s, now - step.start())
         try:
             report_hang(watch, step, innermost, now)
@@ -710,7 +517,7 @@ class Watchdog:
         start = step.start()
         if (end - start) * 1000.0 < _state.config.threshold_ms:
             return
-        stall = stall_of(step, start, end, watch)
+        stall = _attribution.stall_of(step, start, end, watch)
         with merge_lock:
             if step.merged:
                 return
@@ -738,101 +545,10 @@ class Watchdog:
             report_stall(stall)
 
 
-def _moved(before: float | None, after: float | None, probe_cpu: float) -> bool:
-    """Whether an idle loop's thread did anything between two looks, besides the loop-delay probe's ticks.
-
-    The probe wakes an idle loop ten times a second: taken for activity, it
-    kept the watchdog looking every few milliseconds for ever, six times its
-    idle cost. The looks themselves still happen on any change of the CPU
-    clock (`_all_quiet`): a step that starts right after a tick is seen.
-    """
-    if before is None or after is None:
-        return True
-    return after - before > probe_cpu
-
-
-def _all_quiet(watches: dict[int, LoopWatch]) -> bool:
-    # The cheap look: an idle loop's thread uses no CPU, so if no loop thread's
-    # CPU clock moved since the last look, nothing can have started (even a
-    # step that went straight into a wait used some CPU to get there).
-    for watch in watches.values():
-        if watch.step is not None or watch.idle_cpu is None or watch.cpu_time() != watch.idle_cpu:
-            return False
-    now = perf_counter()
-    for watch in watches.values():
-        watch.idle_t = now  # still idle: a step starting from here began after now
-    return True
-
-
-def _remember_idle(watch: LoopWatch, now: float, cpu: float | None) -> None:
-    watch.idle_t = now
-    watch.idle_cpu = cpu
-
-
-def _last_other(watch: LoopWatch, step: Step | None, came_back: bool, now: float) -> tuple[float, float | None]:
-    # The last moment this loop was known to be doing something else than
-    # the new step: the heartbeat's run, the previous step's last poll, or
-    # the last idle poll.
-    if came_back:
-        return watch.beat_done, step.cpu_last if step is not None else None
-    if step is not None:
-        return step.t_last, step.cpu_last
-    if watch.idle_t:
-        return watch.idle_t, watch.idle_cpu
-    return now - sampling.idle_s(), None
-
-
-def _woke_at(ident: object, idle_since: float, now: float) -> float:
-    """When an asyncio loop, idle at `idle_since`, woke to run the step of dispatch frame `ident` (0: not known).
-
-    The loop's iteration (`BaseEventLoop._run_once`) notes the time right
-    after its select returns, in a local. The watchdog looks at an idle loop
-    only every `idle_interval_ms`, so the first step after a quiet spell is
-    first seen up to that late: this bounds when it began. Loops written in C
-    keep that time out of reach.
-    """
-    run_once = getattr(ident, "f_back", None)
-    if run_once is None or run_once.f_code.co_name != "_run_once":
-        return 0.0
-    if run_once.f_globals.get("__name__") != "asyncio.base_events":
-        return 0.0
-    try:
-        noted = run_once.f_locals.get("end_time")  # loop.time() + clock resolution
-    except Exception:  # a frame's locals, read from another thread: never let it break a look
-        return 0.0
-    if not isinstance(noted, float):
-        return 0.0
-    woke = noted + _MONOTONIC_TO_PERF
-    return woke if idle_since < woke <= now else 0.0
-
-
-def _last_seen(watch: LoopWatch) -> tuple[float, float | None]:
-    # The last look that saw this loop (idle, or in a step), and its thread's CPU clock then.
-    step = watch.step
-    if step is not None and step.t_last > watch.idle_t:
-        return step.t_last, step.cpu_last
-    return watch.idle_t, watch.idle_cpu
-
-
-def _tripped_at(watch: LoopWatch, idle_since: float, now: float) -> float:
-    """When the loop, idle at `idle_since`, woke, as its tripwire saw it (0: not since; see _tripwire)."""
-    tripped = watch.tripped
-    return tripped if idle_since < tripped <= now else 0.0
-
-
-# loop.time() is time.monotonic(); the watchdog's clock is perf_counter (the
-# same clock on Linux; measured once for the others).
-_MONOTONIC_TO_PERF = perf_counter() - monotonic()
-
-
-def _loop_came_back(watch: LoopWatch) -> bool:
-    # The heartbeat sent while this root frame was running has run: the loop
-    # iterated since, so what runs now is a later step of the same task.
-    done = watch.beat_done
-    if watch.beat_posted and done >= watch.beat_posted:
-        watch.beat_posted = 0.0
-        return True
-    return False
+def _on_gc(phase: str, info: dict[str, int]) -> None:
+    thread = watchdog._thread
+    if thread is not None and threading.get_ident() == thread.ident:
+        _timing.note_gc(phase)
 
 
 def _send_heartbeat(watch: LoopWatch, now: float) -> None:
@@ -850,238 +566,6 @@ def _send_heartbeat(watch: LoopWatch, now: float) -> None:
         loop.call_soon_threadsafe(beat)
     except RuntimeError:  # closed meanwhile
         watch.beat_posted = 0.0
-
-
-def step_of(frame: FrameType, watch: LoopWatch) -> tuple[object, FrameType, FrameType] | None:
-    """`(identity, root frame, innermost frame)` of the step the thread is in, or None if idle.
-
-    The walk stops at the same edges as the audit hook's: a dispatch frame of
-    a loop written in Python, the frame that called into a loop written in
-    C, or a core frame of the loop (idle, between steps).
-    """
-    base = watch.base_frame
-    innermost = frame
-    root: FrameType | None = None
-    f: FrameType | None = frame
-    walked = 0
-    while f is not None and walked < _MAX_WALK:
-        walked += 1
-        kind = _frames.frame_kind(f)
-        if kind == Kind.LOOP:
-            roles = _frames.LOOP_ROLES.get(f.f_globals.get("__name__"))  # type: ignore[arg-type]
-            if roles is not None:
-                role = roles.get(f.f_code.co_name)
-                if role == "core":
-                    return None
-                if role == "dispatch":
-                    if root is None or _is_own(root):
-                        return None
-                    # asyncio's Handle._run is a new frame for every callback and
-                    # task step: the best step identity there is.
-                    return (f if f.f_globals.get("__name__") == "asyncio.events" else root), root, innermost
-        if f is base:
-            return (root, root, innermost) if root is not None and not _is_own(root) else None
-        root = f
-        f = f.f_back
-    return None  # no edge found: the loop is not running on this thread any more
-
-
-def _is_own(root: FrameType) -> bool:
-    # aiocop's own step: a delivery running the slow-task callbacks, or the
-    # watchdog's heartbeat. A slow callback is not the application's stall
-    # (aiocop warns about it once, see _callbacks); reported, its report would
-    # run the callback again, and stall again, for ever. A step whose
-    # outermost frame is one of aiocop's decorators (`@raise_on_violations`
-    # on a task's coroutine) is the application's.
-    return root.f_globals.get("__name__") in _OWN_STEP_MODULES
-
-
-_OWN_STEP_MODULES = frozenset(
-    {"aiocop._reporting.delivery", "aiocop._model.callbacks", "aiocop._stalls.watchdog", "aiocop._stalls.tripwire"}
-)
-
-
-def _sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float, cpu: float | None) -> None:
-    step.next_sample = now + sampling.interval_ms / 1000.0
-    if sum(step.samples.values()) >= sampling.max_samples_per_slice:
-        return
-    frames: list[tuple[CodeType, int]] = []
-    f: FrameType | None = innermost
-    while f is not None and len(frames) < sampling.trace_depth:
-        if _frames.frame_kind(f) != Kind.AIOCOP:
-            frames.append((f.f_code, f.f_lasti))
-        if f is step.root:
-            break
-        f = f.f_back
-    stack = tuple(frames)
-    step.samples[stack] = step.samples.get(stack, 0) + 1
-    # Waiting or working at this sample: did the thread's CPU clock move
-    # since the previous one (or since the step was first seen)?
-    if (
-        cpu is not None
-        and step.sample_cpu is not None
-        and now > step.sample_t
-        and (cpu - step.sample_cpu) < _CPU_BOUND_RATE * (now - step.sample_t)
-    ):
-        step.waiting[stack] = step.waiting.get(stack, 0) + 1
-    step.sample_t, step.sample_cpu = now, cpu
-
-
-def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
-    samples = sorted(step.samples.items(), key=itemgetter(1), reverse=True)  # most common first
-    top_waiting = bool(samples) and step.waiting.get(samples[0][0], 0) * 2 >= samples[0][1]
-    return Stall(
-        watch,
-        start,
-        end,
-        samples,
-        not step.cpu_bound(),
-        step.root,
-        top_waiting,
-        step.task,
-        step.ident,
-        step.t_last,
-        step.hangs,
-        step.hung_s,
-    )
-
-
-@dataclass(frozen=True)
-class StalledTask:
-    """The task whose step stalled, its context and whether it is watched, at one moment."""
-
-    task: Any  # None for a plain callback
-    context: contextvars.Context  # a copy of the task's context (empty before 3.12)
-    monitored: bool
-
-    @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop | None, root: FrameType | None) -> StalledTask:
-        """The task of `loop` whose coroutine runs in `root`, as it is now."""
-        task = _find_task(loop, root)
-        context = _context_of(task)
-        if task is None:
-            return cls(None, context, True)  # a plain callback: always watched
-        # The task's own monitored() scope if it entered one (known on every
-        # version and loop), else the one it inherited (3.12+ only).
-        own = _state.task_monitored.get(task)
-        return cls(task, context, context.get(_state.monitored, True) if own is None else own)
-
-
-def _context_of(task: Any) -> contextvars.Context:
-    """A copy of the context `task` runs its steps in (its request's keys), read from another thread."""
-    if task is None:
-        return contextvars.Context()
-    get_context = getattr(task, "get_context", None)  # Task.get_context() is 3.12+
-    if get_context is not None:
-        return get_context().copy()  # type: ignore[no-any-return]
-    held = getattr(task, "_context", None)  # asyncio's Task written in Python, and its likes
-    if isinstance(held, contextvars.Context):
-        return held.copy()
-    # The C Task of 3.10 and 3.11 has no accessor, but reports what it holds
-    # to the garbage collector, its own context first (before the contexts of
-    # its done-callbacks): the one place that context can be read from.
-    for referent in gc.get_referents(task):
-        if type(referent) is contextvars.Context:
-            return referent.copy()
-    return contextvars.Context()
-
-
-def _find_task(loop: asyncio.AbstractEventLoop | None, root: FrameType | None) -> Any:
-    if loop is None or root is None:
-        return None
-    try:
-        for task in asyncio.all_tasks(loop):
-            if getattr(task.get_coro(), "cr_frame", None) is root:
-                return task
-    except RuntimeError:  # the task set changed under us (read from another thread)
-        return None
-    return None
-
-
-def describe(samples: list[tuple[tuple[tuple[CodeType, int], ...], int]], waiting: bool) -> str:
-    if not samples or not samples[0][0]:
-        return ""
-    code, lasti = samples[0][0][0]  # innermost frame of the most frequent stack
-    return _culprit.describe(code, lasti, _line(code, lasti), waiting)
-
-
-def _line(code: CodeType, lasti: int) -> int:
-    for start, end, line in code.co_lines():
-        if start <= lasti < end and line is not None:
-            return int(line)
-    return int(code.co_firstlineno)
-
-
-def _discover(frames: dict[int, FrameType], watches: dict[int, LoopWatch]) -> None:
-    """Find running loops whose start aiocop did not see, on the stacks of the other threads.
-
-    Two kinds: loops written in Python that set no asyncgen hooks and have
-    made no blocking call yet (veloxloop), by their dispatch frame; and loops
-    written in C that bound the start signals before aiocop wrapped them
-    (Leviathan looks up `sys.set_asyncgen_hooks` and
-    `asyncio._set_running_loop` once, at import), by the running loop the
-    thread's innermost frame holds: idle, such a loop runs no Python code,
-    and that frame is the one that called into it.
-    """
-    known = {id(watch.loop) for watch in watches.values()}
-    for thread_id, frame in frames.items():
-        if thread_id in watches or thread_id == threading.get_ident():
-            continue
-        f: FrameType | None = frame
-        depth = 0
-        while f is not None and depth < _MAX_WALK:
-            depth += 1
-            name = f.f_globals.get("__name__")
-            roles = _frames.LOOP_ROLES.get(name) if isinstance(name, str) else None
-            if roles is not None and roles.get(f.f_code.co_name) == "dispatch" and name != "asyncio.events":
-                loop = f.f_locals.get("self")
-                if loop is not None:
-                    _register_foreign(loop, thread_id)
-                break
-            f = f.f_back
-        else:
-            loop = _discovery.running_loop_held_by(frame)
-            if loop is not None and id(loop) not in known:
-                _probe(loop)
-
-
-def _still_running(watch: LoopWatch) -> bool:
-    loop = watch.loop
-    return loop is not None and loop.is_running()
-
-
-def _register_foreign(loop: Any, thread_id: int) -> None:
-    if isinstance(loop, asyncio.AbstractEventLoop):
-        _loops.register(loop, None, thread_id)
-
-
-# Loops sent a probe, and when: one probe per loop while it has not answered.
-_probed: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, float] = weakref.WeakKeyDictionary()
-_PROBE_AGAIN_S = 5.0
-
-
-def _probe(loop: asyncio.AbstractEventLoop) -> None:
-    """Ask `loop` to run a callback that registers it, on its own thread and with its own edge.
-
-    Which thread runs a loop cannot be told from outside (the frame that
-    holds it may be another thread's); a callback the loop runs can, and the
-    frame below it is the one that called into a loop written in C: the edge
-    of its steps, as the start signal would have given.
-    """
-    now = perf_counter()
-    if now - _probed.get(loop, -_PROBE_AGAIN_S) < _PROBE_AGAIN_S:
-        return
-    _probed[loop] = now
-
-    def found() -> None:
-        if threading.get_ident() in _loops.watches:
-            return
-        python_loop = type(loop).__module__.partition(".")[0] in _loops.PYTHON_LOOP_PACKAGES
-        watch = _loops.register(loop, None if python_loop else sys._getframe(1))
-        watch.discovered = True
-
-    with contextlib.suppress(RuntimeError):  # closed meanwhile
-        loop.call_soon_threadsafe(found, context=contextvars.Context())
 
 
 watchdog = Watchdog()

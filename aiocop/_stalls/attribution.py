@@ -1,0 +1,151 @@
+"""A stall as reported: its length, its samples, its task and what the loop was doing.
+
+What the watchdog saw of a step (`timing.Step`) becomes a `Stall` when the
+step ends; the task whose step it was is found while it runs (`StalledTask`,
+read from another thread), and the culprit is named from the most frequent
+sample (`describe`, which reads source lines: off the hot path).
+
+May import: aiocop._model, aiocop._interception.loops (types only), aiocop._stalls.timing, aiocop._stalls.culprit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import gc
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
+
+from aiocop._model import state as _state
+from aiocop._stalls import culprit as _culprit
+
+if TYPE_CHECKING:
+    from types import CodeType, FrameType
+
+    from aiocop._interception.loops import LoopWatch
+    from aiocop._stalls.timing import Step
+
+
+@dataclass
+class Stall:
+    """A finished stall, ready to report or to merge into an io event."""
+
+    watch: LoopWatch
+    start: float
+    end: float
+    samples: list[tuple[tuple[tuple[CodeType, int], ...], int]]
+    waiting: bool  # the loop thread used (almost) no CPU: it was waiting, not working
+    root: FrameType | None
+    waiting_top: bool = False  # the most frequent stack was sampled while waiting
+    task: StalledTask | None = None  # whose step it was, as seen while it stalled
+    ident: object = None  # the step's identity (`step_of`): an io event of the same step takes the stall
+    # The last look that saw the step still running: its real end lies between
+    # this and the next look (`end` is an estimate within that gap).
+    seen_until: float = 0.0
+    hang_reports: int = 0  # reported as a hang this many times while it ran
+    hung_s: float = 0.0  # how long it had run at its latest hang report
+
+    def release(self) -> None:
+        """Drop the stalled frame and task: once its event exists, it says which task it was."""
+        self.root = None
+        self.task = None
+        self.ident = None
+
+    def culprit(self) -> str:
+        """What the loop was doing (reads source lines: call it off the hot path)."""
+        return describe(self.samples, self.waiting_top)
+
+    def middle(self) -> float:
+        """Its midpoint: an io event that lasted past it was the same step.
+
+        Its edges are estimates good to a millisecond or two, while a stall
+        lasts at least the threshold: an io event of the same step ends near
+        the stall's end, one of the step before near the stall's start.
+        """
+        return (self.start + self.end) / 2.0
+
+
+def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
+    samples = sorted(step.samples.items(), key=itemgetter(1), reverse=True)  # most common first
+    top_waiting = bool(samples) and step.waiting.get(samples[0][0], 0) * 2 >= samples[0][1]
+    return Stall(
+        watch,
+        start,
+        end,
+        samples,
+        not step.cpu_bound(),
+        step.root,
+        top_waiting,
+        step.task,
+        step.ident,
+        step.t_last,
+        step.hangs,
+        step.hung_s,
+    )
+
+
+@dataclass(frozen=True)
+class StalledTask:
+    """The task whose step stalled, its context and whether it is watched, at one moment."""
+
+    task: Any  # None for a plain callback
+    context: contextvars.Context  # a copy of the task's context (empty before 3.12)
+    monitored: bool
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop | None, root: FrameType | None) -> StalledTask:
+        """The task of `loop` whose coroutine runs in `root`, as it is now."""
+        task = _find_task(loop, root)
+        context = _context_of(task)
+        if task is None:
+            return cls(None, context, True)  # a plain callback: always watched
+        # The task's own monitored() scope if it entered one (known on every
+        # version and loop), else the one it inherited (3.12+ only).
+        own = _state.task_monitored.get(task)
+        return cls(task, context, context.get(_state.monitored, True) if own is None else own)
+
+
+def _context_of(task: Any) -> contextvars.Context:
+    """A copy of the context `task` runs its steps in (its request's keys), read from another thread."""
+    if task is None:
+        return contextvars.Context()
+    get_context = getattr(task, "get_context", None)  # Task.get_context() is 3.12+
+    if get_context is not None:
+        return get_context().copy()  # type: ignore[no-any-return]
+    held = getattr(task, "_context", None)  # asyncio's Task written in Python, and its likes
+    if isinstance(held, contextvars.Context):
+        return held.copy()
+    # The C Task of 3.10 and 3.11 has no accessor, but reports what it holds
+    # to the garbage collector, its own context first (before the contexts of
+    # its done-callbacks): the one place that context can be read from.
+    for referent in gc.get_referents(task):
+        if type(referent) is contextvars.Context:
+            return referent.copy()
+    return contextvars.Context()
+
+
+def _find_task(loop: asyncio.AbstractEventLoop | None, root: FrameType | None) -> Any:
+    if loop is None or root is None:
+        return None
+    try:
+        for task in asyncio.all_tasks(loop):
+            if getattr(task.get_coro(), "cr_frame", None) is root:
+                return task
+    except RuntimeError:  # the task set changed under us (read from another thread)
+        return None
+    return None
+
+
+def describe(samples: list[tuple[tuple[tuple[CodeType, int], ...], int]], waiting: bool) -> str:
+    if not samples or not samples[0][0]:
+        return ""
+    code, lasti = samples[0][0][0]  # innermost frame of the most frequent stack
+    return _culprit.describe(code, lasti, _line(code, lasti), waiting)
+
+
+def _line(code: CodeType, lasti: int) -> int:
+    for start, end, line in code.co_lines():
+        if start <= lasti < end and line is not None:
+            return int(line)
+    return int(code.co_firstlineno)

@@ -1,0 +1,109 @@
+"""Reading a loop thread's stack: which step it is in, and what a sample of it holds.
+
+The walk stops at the same edges as the audit hook's (`_interception.frames`):
+the frame that dispatches a step on a loop written in Python, the one that
+called into a loop written in C, or a core frame of the loop (idle, between
+steps). A sample is the step's frames, innermost first, as (code, last
+instruction) pairs: cheap to take and to count, turned into lines only when
+a stall is reported.
+
+May import: aiocop._interception, aiocop._stalls.settings, aiocop._stalls.timing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiocop._interception import frames as _frames
+from aiocop._interception.frames import Kind
+from aiocop._stalls.settings import sampling
+from aiocop._stalls.timing import CPU_BOUND_RATE
+
+if TYPE_CHECKING:
+    from types import CodeType, FrameType
+
+    from aiocop._interception.loops import LoopWatch
+    from aiocop._stalls.timing import Step
+
+MAX_WALK = 256
+
+
+def step_of(frame: FrameType, watch: LoopWatch) -> tuple[object, FrameType, FrameType] | None:
+    """`(identity, root frame, innermost frame)` of the step the thread is in, or None if idle.
+
+    The walk stops at the same edges as the audit hook's: a dispatch frame of
+    a loop written in Python, the frame that called into a loop written in
+    C, or a core frame of the loop (idle, between steps).
+    """
+    base = watch.base_frame
+    innermost = frame
+    root: FrameType | None = None
+    f: FrameType | None = frame
+    walked = 0
+    while f is not None and walked < MAX_WALK:
+        walked += 1
+        kind = _frames.frame_kind(f)
+        if kind == Kind.LOOP:
+            roles = _frames.LOOP_ROLES.get(f.f_globals.get("__name__"))  # type: ignore[arg-type]
+            if roles is not None:
+                role = roles.get(f.f_code.co_name)
+                if role == "core":
+                    return None
+                if role == "dispatch":
+                    if root is None or _is_own(root):
+                        return None
+                    # asyncio's Handle._run is a new frame for every callback and
+                    # task step: the best step identity there is.
+                    return (f if f.f_globals.get("__name__") == "asyncio.events" else root), root, innermost
+        if f is base:
+            return (root, root, innermost) if root is not None and not _is_own(root) else None
+        root = f
+        f = f.f_back
+    return None  # no edge found: the loop is not running on this thread any more
+
+
+def _is_own(root: FrameType) -> bool:
+    # aiocop's own step: a delivery running the slow-task callbacks, or the
+    # watchdog's heartbeat. A slow callback is not the application's stall
+    # (aiocop warns about it once, see _callbacks); reported, its report would
+    # run the callback again, and stall again, for ever. A step whose
+    # outermost frame is one of aiocop's decorators (`@raise_on_violations`
+    # on a task's coroutine) is the application's.
+    return root.f_globals.get("__name__") in _OWN_STEP_MODULES
+
+
+_OWN_STEP_MODULES = frozenset(
+    {
+        "aiocop._reporting.delivery",
+        "aiocop._model.callbacks",
+        "aiocop._stalls.watchdog",  # its heartbeat
+        "aiocop._stalls.discovery",  # its probe registering a loop
+        "aiocop._stalls.tripwire",
+    }
+)
+
+
+def sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float, cpu: float | None) -> None:
+    step.next_sample = now + sampling.interval_ms / 1000.0
+    if sum(step.samples.values()) >= sampling.max_samples_per_slice:
+        return
+    frames: list[tuple[CodeType, int]] = []
+    f: FrameType | None = innermost
+    while f is not None and len(frames) < sampling.trace_depth:
+        if _frames.frame_kind(f) != Kind.AIOCOP:
+            frames.append((f.f_code, f.f_lasti))
+        if f is step.root:
+            break
+        f = f.f_back
+    stack = tuple(frames)
+    step.samples[stack] = step.samples.get(stack, 0) + 1
+    # Waiting or working at this sample: did the thread's CPU clock move
+    # since the previous one (or since the step was first seen)?
+    if (
+        cpu is not None
+        and step.sample_cpu is not None
+        and now > step.sample_t
+        and (cpu - step.sample_cpu) < CPU_BOUND_RATE * (now - step.sample_t)
+    ):
+        step.waiting[stack] = step.waiting.get(stack, 0) + 1
+    step.sample_t, step.sample_cpu = now, cpu

@@ -1,0 +1,250 @@
+"""When a step began and ended, from the watchdog's looks and the loop thread's CPU clock.
+
+A look sees a step or does not; between two looks, the loop thread's CPU
+clock tells how much it ran. `Step` holds what the looks saw of one step and
+turns it into a start and an end: for a CPU-bound step to within the clock's
+resolution, for a wait to the middle of the gap between two looks (or to when
+the loop woke, where the loop or its tripwire tells). The helpers below say
+what a loop did between looks: woke, came back from a step, stayed idle.
+
+May import: aiocop._common, aiocop._interception.loops (types only), aiocop._stalls.settings.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from aiocop._common.clock import monotonic, perf_counter
+from aiocop._stalls.settings import sampling
+
+if TYPE_CHECKING:
+    from types import CodeType, FrameType
+
+    from aiocop._interception.loops import LoopWatch
+    from aiocop._stalls.attribution import StalledTask
+
+# A step whose thread gets at least this share of a CPU is working, not waiting.
+CPU_BOUND_RATE = 0.1
+
+
+class Step:
+    """The step a loop was running at the last poll, and what the watchdog saw of it."""
+
+    __slots__ = (
+        "cpu_first",
+        "cpu_last",
+        "cpu_prev",
+        "hang_next",
+        "hangs",
+        "hung_s",
+        "ident",
+        "merged",
+        "next_sample",
+        "root",
+        "sample_cpu",
+        "sample_t",
+        "samples",
+        "stalled",
+        "t_first",
+        "t_last",
+        "t_prev",
+        "task",
+        "waiting",
+        "woke",
+    )
+
+    def __init__(
+        self, ident: object, root: FrameType, now: float, prev: float, cpu: float | None, cpu_prev: float | None
+    ) -> None:
+        self.ident = ident
+        self.root = root
+        self.t_prev = prev  # last poll that did not see this step
+        self.t_first = now  # first poll that did
+        self.t_last = now  # latest poll that did
+        self.cpu_prev = cpu_prev
+        self.cpu_first = cpu
+        self.cpu_last = cpu
+        # Stack -> times sampled. Plain dicts: a busy loop on asyncio makes a
+        # Step at nearly every poll, and a Counter costs µs to make.
+        self.samples: dict[tuple[tuple[CodeType, int], ...], int] = {}
+        self.waiting: dict[tuple[tuple[CodeType, int], ...], int] = {}  # samples taken while idle on CPU
+        self.sample_t = now
+        self.sample_cpu = cpu
+        self.next_sample = 0.0
+        self.stalled = False
+        self.merged = False  # its io event took it over
+        self.task: StalledTask | None = None  # whose step it is, seen when it stalled
+        # t_prev is when the loop woke from waiting for I/O and timers, not a
+        # look: what it ran since then (cpu_first - cpu_prev) came before this step.
+        self.woke = False
+        self.hangs = 0  # hang reports made of it while it ran
+        self.hung_s = 0.0  # how long it had run at its latest hang report: its final length is no less
+        self.hang_next = 0.0  # its age (s) at the next hang report; 0: hang_after_ms from the config
+
+    def cpu_rate(self) -> float:
+        """The share of a CPU the loop thread got while this step ran (0 when waiting).
+
+        A CPU-bound step runs at 1.0 alone, and at less while other threads
+        compete for the GIL: the clock-based estimates below divide by it.
+        """
+        if self.cpu_first is None or self.cpu_last is None or self.t_last <= self.t_first:
+            return 0.0
+        return min(1.0, max(0.0, (self.cpu_last - self.cpu_first) / (self.t_last - self.t_first)))
+
+    def cpu_bound(self) -> bool:
+        return self.cpu_rate() >= CPU_BOUND_RATE
+
+    def start(self) -> float:
+        """Best estimate of when the step began."""
+        rate = self.cpu_rate()
+        if rate >= CPU_BOUND_RATE and self.cpu_first is not None and self.cpu_prev is not None:
+            # CPU used since the last poll that did not see the step, at the
+            # step's own pace: how long before the first sighting it began
+            # (plus any time the watchdog itself held the GIL meanwhile).
+            ran = (self.cpu_first - self.cpu_prev) / rate + _paused(self.t_prev, self.t_first)
+            return max(self.t_prev, self.t_first - ran)
+        if self.woke and self.cpu_first is not None and self.cpu_prev is not None:
+            # A wait that began soon after the loop woke (a server's first
+            # request after a quiet spell): the loop ran this much since.
+            return min(self.t_first, self.t_prev + (self.cpu_first - self.cpu_prev))
+        return (self.t_prev + self.t_first) / 2.0
+
+    def known_since(self) -> float:
+        """The earliest moment the step is known, not guessed, to have been running.
+
+        The first poll that saw it, or earlier when the thread's CPU clock
+        shows it was already working before that poll. Deciding that a step is
+        a stall rests on this; the midpoint guess of `start()` only times it.
+        """
+        if (self.cpu_bound() or self.woke) and self.cpu_first is not None and self.cpu_prev is not None:
+            return self.start()
+        return self.t_first
+
+    def end(self, now: float, cpu: float | None) -> float:
+        """Best estimate of when the step ended, seen gone at `now`."""
+        rate = self.cpu_rate()
+        if rate >= CPU_BOUND_RATE and cpu is not None and self.cpu_last is not None:
+            ran = (cpu - self.cpu_last) / rate + _paused(self.t_last, now)
+            return min(now, max(self.t_last, self.t_last + ran))
+        return (self.t_last + now) / 2.0
+
+
+# Garbage collections run by the watchdog thread itself: while one runs it
+# holds the GIL, and a loop thread that wants it back waits without using CPU,
+# which the CPU-clock estimates above must not read as the step having ended.
+# Noted by the watchdog's gc callback (its own thread's collections only).
+_pauses: deque[tuple[float, float]] = deque(maxlen=32)
+_gc_started = 0.0
+
+
+def note_gc(phase: str) -> None:
+    """A garbage collection by the watchdog's own thread started or stopped (`phase` as gc.callbacks say)."""
+    global _gc_started
+    if phase == "start":
+        _gc_started = perf_counter()
+    elif _gc_started:
+        _pauses.append((_gc_started, perf_counter()))
+        _gc_started = 0.0
+
+
+def _paused(a: float, b: float) -> float:
+    """Time the watchdog spent collecting garbage between `a` and `b`."""
+    return sum(max(0.0, min(b, end) - max(a, start)) for start, end in list(_pauses))
+
+
+def moved(before: float | None, after: float | None, probe_cpu: float) -> bool:
+    """Whether an idle loop's thread did anything between two looks, besides the loop-delay probe's ticks.
+
+    The probe wakes an idle loop ten times a second: taken for activity, it
+    kept the watchdog looking every few milliseconds for ever, six times its
+    idle cost. The looks themselves still happen on any change of the CPU
+    clock (`_all_quiet`): a step that starts right after a tick is seen.
+    """
+    if before is None or after is None:
+        return True
+    return after - before > probe_cpu
+
+
+def all_quiet(watches: dict[int, LoopWatch]) -> bool:
+    # The cheap look: an idle loop's thread uses no CPU, so if no loop thread's
+    # CPU clock moved since the last look, nothing can have started (even a
+    # step that went straight into a wait used some CPU to get there).
+    for watch in watches.values():
+        if watch.step is not None or watch.idle_cpu is None or watch.cpu_time() != watch.idle_cpu:
+            return False
+    now = perf_counter()
+    for watch in watches.values():
+        watch.idle_t = now  # still idle: a step starting from here began after now
+    return True
+
+
+def remember_idle(watch: LoopWatch, now: float, cpu: float | None) -> None:
+    watch.idle_t = now
+    watch.idle_cpu = cpu
+
+
+def last_other(watch: LoopWatch, step: Step | None, came_back: bool, now: float) -> tuple[float, float | None]:
+    # The last moment this loop was known to be doing something else than
+    # the new step: the heartbeat's run, the previous step's last poll, or
+    # the last idle poll.
+    if came_back:
+        return watch.beat_done, step.cpu_last if step is not None else None
+    if step is not None:
+        return step.t_last, step.cpu_last
+    if watch.idle_t:
+        return watch.idle_t, watch.idle_cpu
+    return now - sampling.idle_s(), None
+
+
+def woke_at(ident: object, idle_since: float, now: float) -> float:
+    """When an asyncio loop, idle at `idle_since`, woke to run the step of dispatch frame `ident` (0: not known).
+
+    The loop's iteration (`BaseEventLoop._run_once`) notes the time right
+    after its select returns, in a local. The watchdog looks at an idle loop
+    only every `idle_interval_ms`, so the first step after a quiet spell is
+    first seen up to that late: this bounds when it began. Loops written in C
+    keep that time out of reach.
+    """
+    run_once = getattr(ident, "f_back", None)
+    if run_once is None or run_once.f_code.co_name != "_run_once":
+        return 0.0
+    if run_once.f_globals.get("__name__") != "asyncio.base_events":
+        return 0.0
+    try:
+        noted = run_once.f_locals.get("end_time")  # loop.time() + clock resolution
+    except Exception:  # a frame's locals, read from another thread: never let it break a look
+        return 0.0
+    if not isinstance(noted, float):
+        return 0.0
+    woke = noted + _MONOTONIC_TO_PERF
+    return woke if idle_since < woke <= now else 0.0
+
+
+def last_seen(watch: LoopWatch) -> tuple[float, float | None]:
+    # The last look that saw this loop (idle, or in a step), and its thread's CPU clock then.
+    step = watch.step
+    if step is not None and step.t_last > watch.idle_t:
+        return step.t_last, step.cpu_last
+    return watch.idle_t, watch.idle_cpu
+
+
+def tripped_at(watch: LoopWatch, idle_since: float, now: float) -> float:
+    """When the loop, idle at `idle_since`, woke, as its tripwire saw it (0: not since; see _tripwire)."""
+    tripped = watch.tripped
+    return tripped if idle_since < tripped <= now else 0.0
+
+
+# loop.time() is time.monotonic(); the watchdog's clock is perf_counter (the
+# same clock on Linux; measured once for the others).
+_MONOTONIC_TO_PERF = perf_counter() - monotonic()
+
+
+def loop_came_back(watch: LoopWatch) -> bool:
+    # The heartbeat sent while this root frame was running has run: the loop
+    # iterated since, so what runs now is a later step of the same task.
+    done = watch.beat_done
+    if watch.beat_posted and done >= watch.beat_posted:
+        watch.beat_posted = 0.0
+        return True
+    return False
