@@ -32,6 +32,7 @@ from aiocop._model.exceptions import HighSeverityBlockingIoException
 from aiocop._model.severity import get_severity_level_from_score, impact_level
 from aiocop._stalls import attribution as _attribution
 from aiocop._stalls import settings as _settings
+from aiocop._stalls import timing as _timing
 from aiocop._stalls import watchdog as _watchdog
 
 if TYPE_CHECKING:
@@ -460,7 +461,7 @@ def _take_stall_of(group: StepGroup, watch: LoopWatch) -> None:
         start = step.start()
         if step.ident is group.ident:
             step.merged = True
-            group.stall = _attribution.stall_of(step, start, group.t_end, watch)
+            group.stall = _timing.stall_of(step, start, group.t_end, watch)
         elif step.t_last > group.t_first:
             group.t_end = max(group.t_first, min(group.t_end, start))
     if group.stall is not None:

@@ -1,11 +1,11 @@
 """A stall as reported: its length, its samples, its task and what the loop was doing.
 
 What the watchdog saw of a step (`timing.Step`) becomes a `Stall` when the
-step ends; the task whose step it was is found while it runs (`StalledTask`,
+step ends (`timing.stall_of`); the task whose step it was is found while it runs (`StalledTask`,
 read from another thread), and the culprit is named from the most frequent
 sample (`describe`, which reads source lines: off the hot path).
 
-May import: aiocop._model, aiocop._interception.loops (types only), aiocop._stalls.timing, aiocop._stalls.culprit.
+May import: aiocop._model, aiocop._interception.loops (types only), aiocop._stalls.culprit.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import asyncio
 import contextvars
 import gc
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from aiocop._model import state as _state
@@ -24,7 +23,6 @@ if TYPE_CHECKING:
     from types import CodeType, FrameType
 
     from aiocop._interception.loops import LoopWatch
-    from aiocop._stalls.timing import Step
 
 
 @dataclass
@@ -64,25 +62,6 @@ class Stall:
         the stall's end, one of the step before near the stall's start.
         """
         return (self.start + self.end) / 2.0
-
-
-def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
-    samples = sorted(step.samples.items(), key=itemgetter(1), reverse=True)  # most common first
-    top_waiting = bool(samples) and step.waiting.get(samples[0][0], 0) * 2 >= samples[0][1]
-    return Stall(
-        watch,
-        start,
-        end,
-        samples,
-        not step.cpu_bound(),
-        step.root,
-        top_waiting,
-        step.task,
-        step.ident,
-        step.t_last,
-        step.hangs,
-        step.hung_s,
-    )
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,18 @@ resolution, for a wait to the middle of the gap between two looks (or to when
 the loop woke, where the loop or its tripwire tells). The helpers below say
 what a loop did between looks: woke, came back from a step, stayed idle.
 
-May import: aiocop._common, aiocop._interception.loops (types only), aiocop._stalls.settings.
+May import: aiocop._common, aiocop._interception.loops (types only), and settings and attribution
+of aiocop._stalls.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from aiocop._common.clock import monotonic, perf_counter
+from aiocop._stalls.attribution import Stall
 from aiocop._stalls.settings import sampling
 
 if TYPE_CHECKING:
@@ -128,6 +131,25 @@ class Step:
             ran = (cpu - self.cpu_last) / rate + _paused(self.t_last, now)
             return min(now, max(self.t_last, self.t_last + ran))
         return (self.t_last + now) / 2.0
+
+
+def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
+    samples = sorted(step.samples.items(), key=itemgetter(1), reverse=True)  # most common first
+    top_waiting = bool(samples) and step.waiting.get(samples[0][0], 0) * 2 >= samples[0][1]
+    return Stall(
+        watch,
+        start,
+        end,
+        samples,
+        not step.cpu_bound(),
+        step.root,
+        top_waiting,
+        step.task,
+        step.ident,
+        step.t_last,
+        step.hangs,
+        step.hung_s,
+    )
 
 
 # Garbage collections run by the watchdog thread itself: while one runs it

@@ -517,7 +517,7 @@ class Watchdog:
         start = step.start()
         if (end - start) * 1000.0 < _state.config.threshold_ms:
             return
-        stall = _attribution.stall_of(step, start, end, watch)
+        stall = _timing.stall_of(step, start, end, watch)
         with merge_lock:
             if step.merged:
                 return
