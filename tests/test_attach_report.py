@@ -326,3 +326,26 @@ def test_a_target_sending_many_hangs_does_not_fill_the_terminal() -> None:
     text = render_hangs(checked({**REPORT, "hangs": [HANG] * 1000})["hangs"])
     assert text.count("[STILL HUNG]") == 20
     assert "... 980 more hung loop(s); see --json for all" in text
+
+
+def test_one_hang_with_a_huge_stack_prints_a_bounded_text() -> None:
+    # A target may send hangs of hundreds of frames whose every string is a kilobyte (all within the report's
+    # limits): printed whole, 20 such hangs were 12 MB on the terminal. The --json output keeps it all.
+    from aiocop._commands.attach_report import MAX_HANG_FRAMES_SHOWN, MAX_SHOWN_CHARS, render_hangs
+
+    long = "x" * 1_000
+    hang = {
+        **HANG,
+        "culprit": long,
+        "call_site": long,
+        "blocker": long,
+        "blocker_trace": "y" * 30_000,
+        "stack": [[long, 7, long, long]] * 200,
+    }
+    result = checked({**REPORT, "hangs": [hang] * 20})
+    assert len(result["hangs"][0]["stack"]) == 200  # kept whole for --json
+    text = render_hangs(result["hangs"])
+    assert "... 100 more frame(s); see --json for all" in text
+    assert max(len(line) for line in text.splitlines()) <= 3 * MAX_SHOWN_CHARS + 200
+    assert text.count(" in " + "x" * (MAX_SHOWN_CHARS - 3) + "...") == 20 * MAX_HANG_FRAMES_SHOWN
+    assert len(text) < 20 * (MAX_HANG_FRAMES_SHOWN + 10) * 3 * (MAX_SHOWN_CHARS + 20)  # about 2 MB, was 12

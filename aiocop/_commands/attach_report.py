@@ -31,6 +31,11 @@ MAX_COUNT = 2**53  # whole numbers beyond this lose precision in JSON readers
 MAX_MS = 1e12  # about 31 years, in ms: no window or step lasts longer
 MAX_HANGS = 1_000  # hung loops in one report
 MAX_HANGS_SHOWN = 20  # printed (a process runs a few loops; more is a target filling the terminal)
+# Printed of one hang: the agent sends 100 frames at most, a real stack fits in
+# far fewer lines, and a path or source line in far fewer characters. The
+# whole record stays in --json; this bounds what a target can print.
+MAX_HANG_FRAMES_SHOWN = 100
+MAX_SHOWN_CHARS = 300  # of one string of a hang (a path, a line of source, a trace)
 MAX_STEPS = 5_000  # steps for --html (the agent sends 2000 at most)
 MAX_ITEMS = 10_000  # calls or samples in one step
 MAX_FRAMES = 1_000  # frames in one stack
@@ -410,27 +415,35 @@ def render_hangs(hangs: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_SHOWN_CHARS else text[: MAX_SHOWN_CHARS - 3] + "..."
+
+
 def _describe_hang(hang: dict[str, Any]) -> str:
-    # The words of _report.describe_hang, from the checked record.
-    where = f"task {hang['task']!r}" if hang["task"] is not None else "a callback"
+    # The words of _report.describe_hang, from the checked record; each
+    # string cut at MAX_SHOWN_CHARS, the stack at MAX_HANG_FRAMES_SHOWN.
+    where = f"task {_cut(hang['task'])!r}" if hang["task"] is not None else "a callback"
     again = f", report {hang['hang_reports']}" if hang["hang_reports"] > 1 else ""
     lines = [
         f"loop HUNG for {hang['elapsed_ms'] / 1000.0:.1f} s (still running{again}) in {where} on thread "
-        f"{hang['thread']!r}: {hang['culprit'] or 'no stack'} at {hang['call_site'] or 'unknown'}",
-        f"  loop: {hang['loop']}",
+        f"{_cut(hang['thread'])!r}: {_cut(hang['culprit']) or 'no stack'} at {_cut(hang['call_site']) or 'unknown'}",
+        f"  loop: {_cut(hang['loop'])}",
     ]
     if hang["context"]:
-        lines.append("  context: " + ", ".join(f"{k}={v!r}" for k, v in hang["context"].items()))
+        lines.append("  context: " + _cut(", ".join(f"{k}={v!r}" for k, v in hang["context"].items())))
     if hang["blocker"]:
-        lines.append(f"  blocked by: {hang['blocker']}")
+        lines.append(f"  blocked by: {_cut(hang['blocker'])}")
         if hang["blocker_trace"]:
-            lines.append("    its stack: " + hang["blocker_trace"])
-    if hang["stack"]:
+            lines.append("    its stack: " + _cut(hang["blocker_trace"]))
+    stack = hang["stack"]
+    if stack:
         lines.append("  stack (innermost first):")
-        for file, line, function, *source in hang["stack"]:
-            lines.append(f"    {file}:{line} in {function}")
+        for file, line, function, *source in stack[:MAX_HANG_FRAMES_SHOWN]:
+            lines.append(f"    {_cut(file)}:{line} in {_cut(function)}")
             if source and source[0]:
-                lines.append(f"      {source[0]}")
+                lines.append(f"      {_cut(source[0])}")
+        if len(stack) > MAX_HANG_FRAMES_SHOWN:
+            lines.append(f"    ... {len(stack) - MAX_HANG_FRAMES_SHOWN} more frame(s); see --json for all")
     elif hang["trace"]:
-        lines.append(f"  stack: {hang['trace']}")
+        lines.append(f"  stack: {_cut(hang['trace'])}")
     return "\n".join(lines)
