@@ -190,6 +190,46 @@ def test_a_futures_own_lock_held_for_a_moment_is_not_reported(detector: Collecto
     assert detector.calls[0]["entry_point"].endswith(":main")
 
 
+def test_waiting_on_the_loop_for_another_threads_work_is_reported(detector: Collector, loop_name: str) -> None:
+    # Future.result() and Queue.join() wait in Condition.wait, called from
+    # concurrent.futures and queue: the rule for their brief locks must not
+    # cover the wait for the work itself.
+    import concurrent.futures
+    import queue
+
+    wait_code = _wrappers._condition_wait(lambda condition: True, "threading.Condition.wait").__code__
+    loop_thread = threading.get_ident()
+
+    def once_the_loop_waits_in(function: str) -> None:
+        deadline = time.monotonic() + 30  # a safety net: the test fails if it is reached
+        while time.monotonic() < deadline:
+            frame = sys._current_frames().get(loop_thread)
+            while frame is not None and frame.f_code is not wait_code:
+                frame = frame.f_back
+            if frame is not None and frame.f_back is not None and frame.f_back.f_code.co_name == function:
+                return  # inside aiocop's wrapper of Condition.wait, called by `function`: reported, or about to be
+            time.sleep(0.001)
+
+    jobs: queue.Queue[int] = queue.Queue()
+
+    def worker() -> None:
+        once_the_loop_waits_in("join")
+        jobs.get()
+        jobs.task_done()
+
+    async def main() -> None:
+        pool.submit(once_the_loop_waits_in, "result").result()  # the loop waits for the work
+        jobs.put(1)
+        pool.submit(worker)
+        jobs.join()  # and for the queue's work
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(int).result()  # its thread started before the loop runs
+        run_on(loop_name, main())
+    assert detector.names() == ["threading.Condition.wait", "threading.Condition.wait"]
+    assert [call["trace"].split(" <- ")[0].rsplit(":", 1)[1] for call in detector.calls] == ["result", "join"]
+
+
 def test_asyncio_debug_mode_tracebacks_are_not_reported(detector: Collector, loop_name: str) -> None:
     async def main() -> None:
         asyncio.get_running_loop().set_debug(True)
