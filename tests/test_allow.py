@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import threading
+import time
 import traceback
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import aiocop
+from aiocop._interception import wrappers as _wrappers
 from tests import blocking_calls
 from tests.conftest import Collector, run_on
 
@@ -137,6 +140,94 @@ def test_harmless_internals_are_not_reported(detector: Collector, loop_name: str
     aiocop.register_blocking_event("socket.bind", aiocop.WEIGHT_TRIVIAL)
     run_on(loop_name, main())
     assert detector.names() == []
+
+
+# The code of aiocop's wrapper of `with lock:` (one code object for every lock type it wraps).
+_LOCK_ENTER_CODE = _wrappers._lock_enter(lambda lock: True, "threading.Lock.acquire").__code__
+
+
+def _waiting_in_a_lock_wrapper(thread_id: int) -> bool:
+    """Whether the thread waits in aiocop's `with lock:` wrapper past its audit hook (at its last line, the wait)."""
+    frame = sys._current_frames().get(thread_id)
+    if frame is None or frame.f_code is not _LOCK_ENTER_CODE:
+        return False
+    return frame.f_lineno == max(line for *_, line in _LOCK_ENTER_CODE.co_lines() if line is not None)
+
+
+async def _hold(lock: Any) -> None:
+    """Have another thread hold `lock` until this loop's thread waits for it in aiocop's wrapper."""
+    loop_thread, held = threading.get_ident(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            deadline = time.monotonic() + 30  # a safety net: the control case below fails if it is reached
+            while not _waiting_in_a_lock_wrapper(loop_thread) and time.monotonic() < deadline:
+                time.sleep(0.001)
+
+    threading.Thread(target=hold, daemon=True).start()
+    await asyncio.to_thread(held.wait)
+
+
+def test_a_futures_own_lock_held_for_a_moment_is_not_reported(detector: Collector, loop_name: str) -> None:
+    # Found running Starlette's suite: anyio's portal calls future.cancelled()
+    # on the loop as a call ends, while the test's thread holds the future's
+    # Condition for a moment. `with` on a Condition puts threading's
+    # __enter__ between the lock and concurrent.futures.
+    import concurrent.futures
+
+    async def main() -> None:
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        await _hold(future._condition)
+        assert not future.cancelled()  # waits for the lock: not reported
+        mine = threading.Condition()
+        await _hold(mine)
+        with mine:  # the same wait on the application's own Condition: reported
+            pass
+
+    run_on(loop_name, main())
+    assert detector.names() == ["threading.Lock.acquire"]
+    assert detector.calls[0]["entry_point"].endswith(":main")
+
+
+def test_waiting_on_the_loop_for_another_threads_work_is_reported(detector: Collector, loop_name: str) -> None:
+    # Future.result() and Queue.join() wait in Condition.wait, called from
+    # concurrent.futures and queue: the rule for their brief locks must not
+    # cover the wait for the work itself.
+    import concurrent.futures
+    import queue
+
+    wait_code = _wrappers._condition_wait(lambda condition: True, "threading.Condition.wait").__code__
+    loop_thread = threading.get_ident()
+
+    def once_the_loop_waits_in(function: str) -> None:
+        deadline = time.monotonic() + 30  # a safety net: the test fails if it is reached
+        while time.monotonic() < deadline:
+            frame = sys._current_frames().get(loop_thread)
+            while frame is not None and frame.f_code is not wait_code:
+                frame = frame.f_back
+            if frame is not None and frame.f_back is not None and frame.f_back.f_code.co_name == function:
+                return  # inside aiocop's wrapper of Condition.wait, called by `function`: reported, or about to be
+            time.sleep(0.001)
+
+    jobs: queue.Queue[int] = queue.Queue()
+
+    def worker() -> None:
+        once_the_loop_waits_in("join")
+        jobs.get()
+        jobs.task_done()
+
+    async def main() -> None:
+        pool.submit(once_the_loop_waits_in, "result").result()  # the loop waits for the work
+        jobs.put(1)
+        pool.submit(worker)
+        jobs.join()  # and for the queue's work
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(int).result()  # its thread started before the loop runs
+        run_on(loop_name, main())
+    assert detector.names() == ["threading.Condition.wait", "threading.Condition.wait"]
+    assert [call["trace"].split(" <- ")[0].rsplit(":", 1)[1] for call in detector.calls] == ["result", "join"]
 
 
 def test_asyncio_debug_mode_tracebacks_are_not_reported(detector: Collector, loop_name: str) -> None:

@@ -333,3 +333,25 @@ def test_asyncio_sendfile_on_its_own_non_blocking_socket(detector: Collector, lo
     assert [(c["name"], c["args"]) for c in detector.calls if c["name"] != "open"] == [
         ("os.sendfile", detector.calls[-1]["args"])
     ], detector.calls
+
+
+def test_an_import_under_a_module_that_is_no_package_is_not_reported(detector: Collector) -> None:
+    # Found in websockets' suite: `@mock.patch("pkg.mod.Class.attr")` on an
+    # async test tries `pkg.mod.Class` as a module (pkgutil.resolve_name),
+    # which fails at once, before any finder looks at the disk. Under a
+    # package, the same miss searches its folder: reported.
+    import importlib
+    from unittest import mock
+
+    async def main() -> None:
+        with pytest.raises(ModuleNotFoundError, match="is not a package"):
+            importlib.import_module("tests.blocking_calls.Case")
+        with mock.patch("tests.blocking_calls.Case.__repr__", return_value="patched"):
+            pass
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module("tests.no_such_module_of_aiocop")
+
+    run_on("asyncio", main())
+    assert [(c["name"], c["args"]) for c in detector.calls] == [
+        ("importlib.import_module", "tests.no_such_module_of_aiocop")
+    ], detector.calls

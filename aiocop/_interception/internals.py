@@ -243,9 +243,41 @@ HARMLESS: tuple[HarmlessRule, ...] = (
         "`tempfile.mkdtemp`, `os.walk`, ...): one report for the call, not one per file it touches",
     ),
     HarmlessRule(
-        event=("threading.Lock.acquire", "threading.Condition.wait"),
+        # Not Condition.wait: what these modules wait for there is the work
+        # itself (Future.result(), Queue.join()), a real block on the loop.
+        event=("threading.Lock.acquire",),
         caller_modules=("asyncio", "concurrent.futures", "queue"),
         reason="the brief synchronisation between a loop and its executor's worker threads",
+    ),
+    HarmlessRule(
+        # A Future's methods take its Condition with `with`, whose frame
+        # (threading's Condition.__enter__) is the caller: the rule above,
+        # on the caller's module, never sees concurrent.futures. The lock is
+        # private to the Future and held only by these methods, never while
+        # waiting (result() waits in Condition.wait, which stays reported).
+        event=("threading.Lock.acquire",),
+        caller_modules=("threading",),
+        caller_functions=("__enter__",),
+        inside_functions=tuple(
+            f"concurrent.futures._base.{name}"
+            for name in (
+                "__repr__",
+                "_get_snapshot",  # 3.15
+                "add_done_callback",
+                "cancel",
+                "cancelled",
+                "done",
+                "exception",
+                "result",
+                "running",
+                "set_exception",
+                "set_result",
+                "set_running_or_notify_cancel",
+            )
+        ),
+        reason="a `concurrent.futures.Future` method taking the future's own lock while another thread holds it "
+        "for a moment (anyio's portal calling `future.cancelled()` as a call ends, asyncio copying an executor "
+        "future's result)",
     ),
     HarmlessRule(
         event=("threading.Lock.acquire",),

@@ -400,11 +400,29 @@ def _import_module(original: Callable[..., Any], event: str) -> Callable[..., An
                     name = importlib.util.resolve_name(name, args[1] if len(args) > 1 else None)
                 except (ImportError, ValueError, TypeError, AttributeError):
                     name = None  # the call itself raises the right error
-            if isinstance(name, str) and name not in sys.modules:
+            if isinstance(name, str) and name not in sys.modules and _may_search(name):
                 _audit_hook(event, (name,))
         return original(*args, **kwargs)
 
     return wrapper
+
+
+_ModuleType = type(sys)
+
+
+def _may_search(name: str) -> bool:
+    """Whether importing `name` (not imported yet) may look for it on disk.
+
+    Not when its parent is an imported module that is no package: the import
+    fails at once, before any finder runs (`mock.patch("pkg.mod.Class.attr")`
+    tries `pkg.mod.Class` as a module, through `pkgutil.resolve_name`). Only a
+    plain module's own `__dict__` is read: no module `__getattr__` runs.
+    """
+    parent = name.rpartition(".")[0]
+    if not parent:
+        return True
+    module = sys.modules.get(parent)
+    return type(module) is not _ModuleType or "__path__" in module.__dict__
 
 
 _FACTORIES: dict[str, Callable[[Callable[..., Any], str], Callable[..., Any]]] = {
