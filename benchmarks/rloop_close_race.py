@@ -2,36 +2,45 @@
 
 Two threads each run `asyncio.Runner(loop_factory=rloop.new_event_loop)`
 with one task that meets the other thread at a `threading.Barrier` and then
-blocks in `time.sleep(0.02)`; a round is the two runs, and a run fails when
-its Runner raises (rloop 0.5: `RuntimeError: Cannot close a running event
-loop`, after an `OSError: [Errno 9]` in its self-pipe set-up). Each batch of
-rounds is a separate process: `baseline` never imports aiocop, `aiocop` calls
-`start_blocking_io_detection()` and `detect_slow_tasks(threshold_ms=10)`;
-`detection` and `watchdog` are one of the two only; `before` is `aiocop`
-with the aiocop package found under `--before PATH` (another checkout, to
-compare a change with what it replaces). Three modes take aiocop apart (they
-patch its private watchdog, for this measurement only): `nowatchdog` is
-`aiocop` without the watchdog's thread, `emptylooks` keeps the thread waking
-every 2 ms but has it look at nothing, `slowlooks` has it look every 50 ms.
-`workaround` is `aiocop` on the docs' `SelfPipeFixedRLoop`
-(examples/rloop_self_pipe.py), rloop's loop with its self-pipe closed once.
-Batches alternate (A B A B ...) so that the machine's load weighs on every
-mode alike. The rate depends on the machine's load far more than on aiocop
-(0.2-4 % here, for the baseline): compare modes of one invocation only. `p`
-is the two-sided exact test of "fails as often as the baseline" (given the
-two modes' failures together, how they split between them).
+blocks in `time.sleep()` for `--block-ms` (20 ms, the issue's case; plus a
+random 0 to `--jitter-ms` per round, the same in every mode); a round is the
+two runs, and a run fails when its Runner raises (rloop 0.5: `RuntimeError:
+Cannot close a running event loop`, after an `OSError: [Errno 9]` in its
+self-pipe set-up). Each batch of rounds is a separate process: `baseline`
+never imports aiocop, `aiocop` calls `start_blocking_io_detection()` and
+`detect_slow_tasks(threshold_ms=10)`; `detection` and `watchdog` are one of
+the two only; `before` is `aiocop` with the aiocop package found under
+`--before PATH` (another checkout, to compare a change with what it
+replaces). The modes that take aiocop apart patch its private watchdog, for
+this measurement only: `nowatchdog` is `aiocop` without the watchdog's
+thread, `emptylooks` keeps the thread waking every 2 ms but has it look at
+nothing, `slowlooks` has it look every 50 ms, `nobeats` sends loops no
+heartbeat, `gapsleep` has it sleep, while no loop is registered, until a
+loop's start wakes it, and `where` times its looks against rloop's self-pipe
+tear-downs and set-ups (printed after the table: how often a look fell in
+the race's window, and how many loops aiocop knew running then). `ticker`
+is no aiocop at all, and a thread of the program's own that wakes every
+2 ms and does nothing. `workaround` is `aiocop` on the docs'
+`SelfPipeFixedRLoop` (examples/rloop_self_pipe.py), rloop's loop with its
+self-pipe closed once. Batches alternate (A B A B ...) so that the
+machine's load weighs on every mode alike. The rate depends on the
+machine's load far more than on aiocop (0.2-4 % here, for the baseline):
+compare modes of one invocation only. `p` is the two-sided exact test of
+"fails as often as the baseline" (given the two modes' failures together,
+how they split between them).
 
-    python benchmarks/rloop_close_race.py [--runs 1000] [--batch 200] [--modes baseline,aiocop] [--before PATH]
+    python benchmarks/rloop_close_race.py [--runs 1000] [--batch 200] [--modes baseline,aiocop]
+        [--block-ms 20] [--jitter-ms 0] [--before PATH]
 
 The cause (see docs/how-to/loops.md, rloop section): rloop 0.5 closes its
 self-pipe's two descriptors in Rust, then drops the Python socket objects
 that still own the same numbers, which close them again. If another thread
 creates a descriptor in between (the other loop's next run creating its own
-self-pipe), that second close closes the other thread's new descriptor. aiocop used to
-make this up to five times as frequent (it woke its watchdog at every loop
-start). What is left of its part is the watchdog thread's looks, every 2 to 4
-ms while loops run (the `nowatchdog`, `emptylooks` and `slowlooks` modes show
-it); the counts are in the docs' table.
+self-pipe), that second close closes the other thread's new descriptor.
+What is left of aiocop's part is its watchdog thread taking the GIL every 2
+to 4 ms while loops run: without it aiocop fails no more often than the
+baseline, and a thread of the program's own that only wakes every 2 ms
+(`ticker`) raises the rate too; the counts are in the docs' table.
 """
 
 from __future__ import annotations
@@ -221,9 +230,16 @@ def same_rate_p(k: int, n: int, k0: int, n0: int) -> float:
     if total == 0:
         return 1.0
     share = n / (n + n0)
-    probs = [math.comb(total, i) * share**i * (1 - share) ** (total - i) for i in range(total + 1)]
-    observed = probs[k]
-    return min(1.0, sum(p for p in probs if p <= observed * (1 + 1e-9)))
+    # In logs: pooled counts run to thousands, whose binomial coefficients overflow a float.
+    log_share, log_rest = math.log(share), math.log1p(-share)
+    log_all = math.lgamma(total + 1)
+    log_probs = [
+        log_all - math.lgamma(i + 1) - math.lgamma(total - i + 1) + i * log_share + (total - i) * log_rest
+        for i in range(total + 1)
+    ]
+    observed = log_probs[k]
+    p = sum(math.exp(lp) for lp in log_probs if lp <= observed + 1e-9)
+    return 1.0 if p > 1.0 - 1e-9 else p  # (every split as likely as the one seen, but for rounding)
 
 
 def parse_args() -> tuple[argparse.Namespace, list[str], str]:

@@ -202,6 +202,9 @@ def test_the_race_benchmarks_test_of_equal_rates() -> None:
     assert same_rate_p(250, 11_000, 201, 11_000) == pytest.approx(0.0237, abs=0.0005)
     # Unequal runs: 20 of 2,000 against 10 of 1,000 is the same rate.
     assert same_rate_p(20, 2000, 10, 1000) > 0.9
+    # Pooled counts past a thousand failures (binomial coefficients beyond a float's range).
+    assert same_rate_p(732, 45_000, 559, 45_000) == pytest.approx(1.636e-6, rel=0.01)  # (exact: in integers)
+    assert same_rate_p(600, 45_000, 600, 45_000) == pytest.approx(1.0)
 
 
 @needs_rloop
