@@ -202,6 +202,9 @@ def test_the_race_benchmarks_test_of_equal_rates() -> None:
     assert same_rate_p(250, 11_000, 201, 11_000) == pytest.approx(0.0237, abs=0.0005)
     # Unequal runs: 20 of 2,000 against 10 of 1,000 is the same rate.
     assert same_rate_p(20, 2000, 10, 1000) > 0.9
+    # Pooled counts past a thousand failures (binomial coefficients beyond a float's range).
+    assert same_rate_p(732, 45_000, 559, 45_000) == pytest.approx(1.636e-6, rel=0.01)  # (exact: in integers)
+    assert same_rate_p(600, 45_000, 600, 45_000) == pytest.approx(1.0)
 
 
 @needs_rloop
@@ -210,23 +213,21 @@ def test_the_race_benchmarks_modes_run_what_they_say() -> None:
     # still run (a renamed method would fail it here, not in a long measurement).
     if sys.version_info < (3, 11):
         pytest.skip("asyncio.Runner is 3.11+ (the case of issue 31)")
-    modes = "baseline,nowatchdog,emptylooks,slowlooks,workaround"  # (aiocop's own mode patches nothing)
+    # (aiocop's own mode patches nothing, nor does `ticker`: a thread of the program's own, no aiocop)
+    modes = "baseline,nowatchdog,emptylooks,slowlooks,nobeats,gapsleep,where,workaround"
     result = run_python(
         "import runpy; runpy.run_path('benchmarks/rloop_close_race.py', run_name='__main__')",
-        "--runs",
-        "2",
-        "--batch",
-        "2",
-        "--modes",
-        modes,
+        *("--runs", "2", "--batch", "2", "--block-ms", "5", "--jitter-ms", "2", "--modes", modes),
         interpreter_args=("-W", "ignore::ResourceWarning"),
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[2:] if not line.startswith(" ")}
+    table = result.stdout.split("\nwhere:")[0]  # (the `where` mode's table follows the modes')
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[2:] if not line.startswith(" ")}
     assert list(rows) == modes.split(","), result.stdout
     assert all(row[1] == "2" for row in rows.values()), result.stdout  # two runs each
     assert "p=" in " ".join(rows["nowatchdog"]), result.stdout
+    assert "looks in windows, by loops registered" in result.stdout  # the `where` mode's own table
 
 
 @needs_rloop
