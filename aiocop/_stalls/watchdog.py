@@ -362,7 +362,7 @@ class Watchdog:
         self._finish_retired()
         watches = _loops.watches
         now = perf_counter()
-        if now - self._last_scan < _DISCOVERY_S and _timing.all_quiet(watches) and self._finder.quiet():
+        if now - self._last_scan < _DISCOVERY_S and _timing.all_quiet(watches) and self._finder.quiet(watches):
             return False, False
         frames = sys._current_frames()
         # The time and each loop thread's CPU clock, read with the snapshot:
