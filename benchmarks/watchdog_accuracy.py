@@ -12,7 +12,9 @@ case, the stall is a second task's step, run in the same loop iteration
 right after another task's `os.stat()`: it must be reported on its own task,
 not merged into the first task's event.
 
-A stall counts as recalled when exactly one event names its task; its error
+A stall counts as recalled when exactly one event names its task (each
+stall's task has a name of its own: a report that comes late, from a
+watchdog the machine starved of CPU, is still counted, and told apart); its error
 is the reported `elapsed_ms` against the step's own measured length (the
 SPEC's tolerance: 10 % or 2 ms, whichever is larger). `--busy N` runs N
 CPU-bound processes alongside (a shared machine whose cores are busy).
@@ -44,6 +46,7 @@ from time import sleep as bound_sleep  # bound before aiocop patches time.sleep
 from typing import TYPE_CHECKING
 
 import aiocop
+from aiocop._stalls.watchdog import watchdog as _watchdog  # (its count of looks: what a miss had)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -80,6 +83,8 @@ class Cell:
 
     pairs: list[tuple[float, float]] = field(default_factory=list)  # (reported or NaN, true)
     split: int = 0  # stalls reported as more than one event (the rest of the misses: none)
+    late: int = 0  # reported, but more than 50 ms after the stall ended (counted as recalled)
+    missed: list[tuple[float, float, int]] = field(default_factory=list)  # (ms, loop thread's CPU share, looks)
 
     def recall(self) -> tuple[int, int]:
         return sum(1 for r, _ in self.pairs if not math.isnan(r)), len(self.pairs)
@@ -98,9 +103,13 @@ def run_loop(
     cells: dict[tuple[str, float, float], Cell] = {}
 
     async def stall(func: Callable[[float], object], seconds: float, lengths: list[float]) -> None:
-        t0 = time.perf_counter()
+        polls, cpu, t0 = _watchdog.polls, time.thread_time(), time.perf_counter()
         func(seconds)
-        lengths.append((time.perf_counter() - t0) * 1000)
+        t1 = time.perf_counter()
+        lengths.append((t1 - t0) * 1000)
+        # What the machine left of it: the loop thread's share of a CPU, and
+        # the watchdog's looks completed while it ran (a miss's likely cause).
+        shares.append(((time.thread_time() - cpu) / (t1 - t0), _watchdog.polls - polls))
         await asyncio.sleep(0)
 
     async def io_step() -> None:
@@ -115,17 +124,19 @@ def run_loop(
         if case == "concurrent":
             io = asyncio.ensure_future(io_step())
             io.set_name("io")
+        name = f"stall-{len(stalls)}"  # its own name: a report that comes late is still its own
         task = asyncio.ensure_future(stall(func, seconds, lengths))
-        task.set_name("stall")
+        task.set_name(name)
         await task
         if case == "concurrent":
             await io
         await asyncio.sleep(0.05)  # the watchdog reports a stall just after it ends
-        mine = [e for e in events[before:] if e.task_name == "stall"]
-        reported = mine[0].elapsed_ms if len(mine) == 1 else math.nan
-        cell = cells.setdefault((case, gap, multiple), Cell())
-        cell.pairs.append((reported, lengths[0]))
-        cell.split += len(mine) > 1
+        on_time = sum(1 for e in events[before:] if e.task_name == name)
+        stalls.append(((case, gap, multiple), name, lengths[0], on_time))
+
+    stalls: list[tuple[tuple[str, float, float], str, float, int]] = []
+    shares: list[tuple[float, int]] = []
+    first = len(events)
 
     async def main() -> None:
         for _ in range(repeat):
@@ -138,8 +149,17 @@ def run_loop(
     loop = new_loop(name)
     try:
         loop.run_until_complete(main())
+        loop.run_until_complete(asyncio.sleep(0.5))  # reports still on their way (a starved watchdog's)
     finally:
         loop.close()
+    for (key, task_name, length, on_time), (share, looks) in zip(stalls, shares, strict=True):
+        mine = [e for e in events[first:] if e.task_name == task_name]
+        cell = cells.setdefault(key, Cell())
+        cell.pairs.append((mine[0].elapsed_ms if len(mine) == 1 else math.nan, length))
+        cell.split += len(mine) > 1
+        cell.late += len(mine) == 1 and not on_time
+        if len(mine) != 1:
+            cell.missed.append((length, share, looks))
     return cells
 
 
@@ -221,6 +241,12 @@ def report(name: str, gaps: tuple[float, ...], cells: dict[tuple[str, float, flo
         same_gap = [c for (_, g, m), c in cells.items() if g == gap and m >= 1.5]
         by_gap.append(f"{sum(c.recall()[0] for c in same_gap)}/{sum(c.recall()[1] for c in same_gap)}")
     print(f"\n{name}, stalls of 1.5x and above, per gap: | {' | '.join(by_gap)} |")
+    print(
+        f"\n{name}, each stall missed at 1.5x and above: its length, the loop thread's CPU share, the watchdog's looks"
+    )
+    for (case, gap, multiple), cell in sorted(cells.items()):
+        for length, share, looks in cell.missed if multiple >= 1.5 else ():
+            print(f"- {case} {multiple:g}x after {gap:g} s: {length:.1f} ms, CPU share {share:.2f}, {looks} looks")
     every = list(cells.values())
     at_or_above = [c for (_, _, m), c in cells.items() if m >= 1.5]
     for label, group in (("all", every), ("1.5x and above", at_or_above)):
@@ -228,9 +254,11 @@ def report(name: str, gaps: tuple[float, ...], cells: dict[tuple[str, float, flo
         count = sum(c.recall()[1] for c in group)
         ok = sum(c.within() for c in group)
         split = sum(c.split for c in group)
+        late = sum(c.late for c in group)
         print(
             f"{name} {label}: recall {got}/{count} ({100 * got / count:.1f} %), within tolerance {ok}/{count}"
-            f" (of the misses, {split} reported as two events or more, {count - got - split} not at all)"
+            f" (of the misses, {split} reported as two events or more, {count - got - split} not at all;"
+            f" {late} recalled reported more than 50 ms after the stall ended)"
         )
 
 

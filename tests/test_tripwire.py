@@ -19,6 +19,7 @@ import pytest
 import aiocop
 from aiocop._interception import loops as _loops
 from aiocop._stalls import settings as _settings
+from aiocop._stalls import tripwire
 from tests import stalls
 from tests.conftest import Collector, run_on
 from tests.test_watchdog import stall_lines
@@ -86,6 +87,50 @@ def test_a_stall_after_a_quiet_spell_wakes_the_watchdog(quiet_watchdog: Collecto
     (event,) = quiet_watchdog.settle(1)
     assert event.reason == "cpu_blocking"
     assert event.call_site.endswith(tuple(f"tests/{line}" for line in stall_lines(stalls.spin))), event.call_site
+
+
+def test_a_step_that_starts_as_the_loop_is_armed_is_seen(
+    quiet_watchdog: Collector, loop_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The loop runs the arming callback, then, without going back to its
+    # selector, a step that waits where nothing sees it: the tripwire, which
+    # trips only after the thread has slept, stays quiet until the wait is
+    # over. The watchdog begins its long sleep only once a look has seen the
+    # loop idle after the arming, and so looks at this step while it waits.
+    install = tripwire._install
+    installed: list[bool] = []
+
+    def install_then_step(watch: _loops.LoopWatch, wake: Callable[[], None]) -> None:
+        install(watch, wake)
+        loop = watch.loop
+        if not installed and loop is not None:
+            installed.append(True)
+            loop.call_soon(request)  # the next iteration, with no sleep in between
+
+    def request() -> None:
+        stalls.wait_unseen(STALL_S)
+        done[0].set_result(None)
+
+    monkeypatch.setattr(tripwire, "_install", install_then_step)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done.append(loop.create_future())
+        far = idle_timer(loop)
+        await done[0]
+        far.cancel()
+        await asyncio.sleep(0.05)
+
+    done: list[asyncio.Future[None]] = []
+    run_on(loop_name, main())
+    assert installed == [True], "the loop was never armed"
+    events = quiet_watchdog.settle(1)
+    assert len(events) == 1, [(e.reason, e.call_site, round(e.elapsed_ms)) for e in events]
+    (event,) = events
+    assert event.call_site.endswith(tuple(f"tests/{line}" for line in stall_lines(stalls.wait_unseen))), (
+        event.reason,
+        event.call_site,
+    )
 
 
 def test_a_loop_whose_thread_has_a_profile_function_keeps_it(quiet_watchdog: Collector) -> None:

@@ -66,6 +66,22 @@ def test_a_stall_as_an_unknown_loops_very_first_work_is_reported_every_time(app_
     assert reported == {i: [("cpu_blocking", site)] for i in range(RUNS)}
 
 
+def test_a_stall_as_the_first_work_of_an_unknown_loop_right_after_a_known_one_stopped(
+    app_run: dict[str, object],
+) -> None:
+    # The thread of a loop that stopped joins the threads walked for unknown
+    # loops at the next look, not at the once-a-second scan: the cheap look
+    # (no thread's CPU clock moved) did not count it, and the next loop's
+    # first step went unseen until that scan.
+    site = f"tests/unknown_loops_app.py:{line_of('FIRST')}:spin"
+    body = f"tests/unknown_loops_app.py:{line_of('FIRST') + 1}:spin"
+    reported = {}
+    for i in range(unknown_loops_app.AFTER_RUNS):
+        events = events_of(app_run, f"after-{i}")
+        reported[i] = [(e["reason"], site if e["call_site"] == body else e["call_site"]) for e in events]
+    assert reported == {i: [("cpu_blocking", site)] for i in range(unknown_loops_app.AFTER_RUNS)}
+
+
 def test_a_hang_of_an_unknown_loop_is_reported_while_it_hangs(app_run: dict[str, object]) -> None:
     # One idles 0.2 s (unseen), then spins until its hang report has arrived;
     # the other's first work waits for a lock held until its report.

@@ -9,6 +9,9 @@ line: every event reported, and what each case did.
 - `first`: RUNS loops, one after the other, each spinning 100 ms as its very
   first work (a task's first step), with idle gaps of 0, 0.1 and 0.55 s between them
   (the watchdog slows its looks after half a second of quiet).
+- `after`: AFTER_RUNS loops, each started right after an asyncio loop (one
+  aiocop is told of) ran and stopped on the same thread, spinning 100 ms as
+  its very first work.
 - `hang-spin`: a loop that idles 0.2 s, then spins until its hang has been
   reported (the loop, idle and unseen, is found as it hangs).
 - `hang-lock`: a loop whose first work waits for a held lock until its hang
@@ -43,6 +46,7 @@ HANG_AFTER_MS = 300
 STALL_S = 0.1
 WAIT_S = 30.0  # for a hang report: a busy machine's worst day
 GAPS_S = (0.0, 0.1, 0.55)
+AFTER_RUNS = 5
 
 
 def spin(seconds: float) -> None:
@@ -80,6 +84,10 @@ def main() -> None:
     for i in range(runs):
         time.sleep(GAPS_S[i % len(GAPS_S)])
         run(f"first-{i}", first_work())
+
+    for i in range(AFTER_RUNS):
+        asyncio.run(asyncio.sleep(0.05))  # a loop aiocop is told of, started and stopped on this thread
+        run(f"after-{i}", first_work())
 
     released: dict[str, bool] = {}
 

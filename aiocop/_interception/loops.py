@@ -60,6 +60,7 @@ class LoopWatch:
         "thread_name",
         "tripped",
         "tripwire",
+        "tripwire_set",
         "unarmable",
     )
 
@@ -105,6 +106,7 @@ class LoopWatch:
         self.armed = False
         self.tripped = 0.0
         self.tripwire: Callable[..., object] | None = None
+        self.tripwire_set = 0.0  # when its thread installed it, since the last arming (0: not yet)
         self.unarmable = False  # its thread had a profile function of its own: never armed again
         self.own = False  # the loop runs aiocop's own callback (the probe's tick): the tripwire lets it pass
 

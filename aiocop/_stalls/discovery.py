@@ -89,13 +89,29 @@ class Finder:
 
     def __init__(self) -> None:
         self.threads: dict[int, _Thread] = {}
+        # The loop registry (replaced, never changed in place, at each change)
+        # and the count of Python threads as of the last read: which threads
+        # `threads` can hold. A thread whose loop stopped since (it may start
+        # a loop aiocop is not told of, as its very next work), or one new
+        # since, is in neither `threads` nor the registry.
+        self._watches: dict[int, LoopWatch] | None = None
+        self._thread_count = 0
 
-    def quiet(self) -> bool:
-        """Whether no such thread used any CPU since its last walk (the watchdog's cheap look)."""
+    def quiet(self, watches: dict[int, LoopWatch]) -> bool:
+        """Whether no such thread used any CPU since its last walk (the watchdog's cheap look).
+
+        Not while a thread may have joined them since the last read (a known
+        loop stopped, a thread started): the look that reads them is due.
+        """
+        if watches is not self._watches or len(threading._active) != self._thread_count:  # type: ignore[attr-defined]
+            return False
         return all(thread.cpu is not None and _read(thread.clock) == thread.cpu for thread in self.threads.values())
 
     def read(self, frames: dict[int, FrameType], watches: dict[int, LoopWatch], now: float) -> dict[int, float | None]:
         """The CPU clocks, now, of the threads in `frames` that run no known loop (aiocop's own left out)."""
+        self._watches = watches
+        # (One started between the frames' snapshot and this read is left to the once-a-second scan.)
+        self._thread_count = len(threading._active)  # type: ignore[attr-defined]
         threads = self.threads
         for gone in [tid for tid in threads if tid not in frames or tid in watches]:
             del threads[gone]

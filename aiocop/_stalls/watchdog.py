@@ -109,6 +109,7 @@ class Watchdog:
         self._finder = _discovery.Finder()
         # A loop's tripwire woke this thread (_tripwire): look again soon, whatever the look it woke for saw.
         self._tripped = False
+        self._arming_since = 0.0  # when this quiet spell's arming began (see _next_interval)
 
     @property
     def running(self) -> bool:
@@ -343,9 +344,19 @@ class Watchdog:
         # short steps): each idle loop is armed to wake this thread as it
         # wakes (_tripwire), and is looked at while its first step runs.
         watches = _loops.watches
+        waiting = False
         for watch in watches.values():
             if watch.step is None:
                 _tripwire.arm(watch, self.trip)
+                waiting = waiting or not _tripwire.in_place(watch)
+        if self._arming_since <= self._last_active:
+            self._arming_since = now  # the first arming of this quiet spell
+        if waiting and now - self._arming_since < sampling.idle_s():
+            # The long sleep begins once each loop's tripwire is in place (see
+            # _tripwire.in_place), a look or two later; a loop that never runs
+            # the arming callback is waited for one idle interval at most.
+            self._sleeping_long = False
+            return _FAST_IDLE_S
         if not watches and _loops.unannounced_loops_possible():
             # No loop known, one that announces nothing may start (and cannot
             # be armed before it is found): its first step is found by a
@@ -362,7 +373,7 @@ class Watchdog:
         self._finish_retired()
         watches = _loops.watches
         now = perf_counter()
-        if now - self._last_scan < _DISCOVERY_S and _timing.all_quiet(watches) and self._finder.quiet():
+        if now - self._last_scan < _DISCOVERY_S and _timing.all_quiet(watches) and self._finder.quiet(watches):
             return False, False
         frames = sys._current_frames()
         # The time and each loop thread's CPU clock, read with the snapshot:
