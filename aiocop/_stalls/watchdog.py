@@ -362,7 +362,7 @@ class Watchdog:
         self._finish_retired()
         watches = _loops.watches
         now = perf_counter()
-        if now - self._last_scan < _DISCOVERY_S and _timing.all_quiet(watches) and self._finder.quiet():
+        if now - self._last_scan < _DISCOVERY_S and _timing.all_quiet(watches) and self._finder.quiet(watches):
             return False, False
         frames = sys._current_frames()
         # The time and each loop thread's CPU clock, read with the snapshot:
@@ -387,7 +387,9 @@ class Watchdog:
         # frame of the loops' stacks at this look (and the tasks and locals
         # those hold) until the next garbage collection.
         frames.pop(threading.get_ident(), None)
-        others = self._finder.read(frames, watches, now)
+        # Once a second, every thread (the parked ones too, and idle loops: scan).
+        scan = now - self._last_scan > _DISCOVERY_S
+        others = self._finder.read(frames, watches, now, scan=scan)
         busy = active = False
         for (thread_id, watch), cpu, probe, tick in zip(watches.items(), clocks, probes, ticking, strict=True):
             frame = frames.get(thread_id)
@@ -414,9 +416,9 @@ class Watchdog:
         # _next_interval.)
         for watch in self._finder.look(frames, others, now):
             busy |= self._poll_one(watch, frames[watch.thread_id], now, others.get(watch.thread_id))
-        if now - self._last_scan > _DISCOVERY_S:
+        if scan:
             self._last_scan = now
-            _discovery.discover(frames, watches)
+            self._finder.scan(frames, watches)
         return busy, active
 
     def _finish_retired(self) -> None:
