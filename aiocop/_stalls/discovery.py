@@ -83,7 +83,6 @@ try:
 except ImportError:  # pragma: no cover  (a Python without the C accelerator)
     _CURRENT = getattr(asyncio.tasks, "_current_tasks", None)
 _CTask: Any = getattr(asyncio.tasks, "_CTask", None)
-_PyTask: Any = getattr(asyncio.tasks, "_PyTask", None)
 _RUNNER: Any = getattr(asyncio, "Runner", None)  # 3.11+; asyncio.run() of 3.10 holds its loop in a local
 
 # Read through type's own descriptors: a metaclass of the application's is never run.
@@ -100,8 +99,22 @@ def _known_module(name: object) -> bool:
     return name.partition(".")[0] in _KNOWN_PACKAGES or name in _loops.UNANNOUNCED_LOOP_MODULES or name == "builtins"
 
 
+def _known_class(cls: type) -> bool:
+    """Whether every class of `cls`'s MRO comes from a loop package aiocop knows (cached): its code is theirs."""
+    known = _known_types.get(cls)
+    if known is None:
+        try:
+            known = all(_known_module(_module_of(c)) for c in _mro_of(cls))
+        except Exception:  # not a class as type() knows them
+            known = False
+        if len(_known_types) >= _MAX_KNOWN_TYPES:
+            _known_types.clear()
+        _known_types[cls] = known
+    return known
+
+
 def _known_loop_type(cls: type) -> bool:
-    """Whether instances of `cls` are event loops whose every method is a known loop package's (cached).
+    """Whether instances of `cls` are event loops whose every method is a known loop package's.
 
     Decided from the class alone: an asyncio.AbstractEventLoop subclass by
     its MRO, each class of which comes from a loop package aiocop knows (or
@@ -111,17 +124,7 @@ def _known_loop_type(cls: type) -> bool:
     announce their start (asyncio's, uvloop's and their subclasses) are
     registered by that start, not here.
     """
-    known = _known_types.get(cls)
-    if known is None:
-        try:
-            mro = _mro_of(cls)
-            known = asyncio.AbstractEventLoop in mro and all(_known_module(_module_of(c)) for c in mro)
-        except Exception:  # not a class as type() knows them
-            known = False
-        if len(_known_types) >= _MAX_KNOWN_TYPES:
-            _known_types.clear()
-        _known_types[cls] = known
-    return known
+    return _known_class(cls) and asyncio.AbstractEventLoop in _mro_of(cls)
 
 
 def _python_loop(loop: object) -> bool:
@@ -139,8 +142,8 @@ def _task_frame(task: object) -> FrameType | None:
     cls = type(task)
     if _CTask is not None and _CTask in _mro_of(cls):
         coro = _CTask.get_coro(task)  # the C slot, whatever a subclass overrides
-    elif cls is _PyTask:
-        coro = _PyTask.get_coro(task)  # type: ignore[attr-defined]  # (exactly asyncio's: its own method)
+    elif _known_class(cls):  # asyncio's Task in Python, a loop's own (Leviathan's)
+        coro = task.get_coro()  # type: ignore[attr-defined]
     else:
         return None
     kind = type(coro)
