@@ -250,7 +250,9 @@ def case_one_bad_thread() -> dict[str, object]:
         try:
             for _ in range(3):
                 found += look(finder)
-                finder.threads.get(bad.ident or 0, _discovery._Thread(0, 0.0)).cpu = None  # walk it again
+                examined = finder.threads.get(bad.ident or 0)
+                if examined is not None:
+                    examined.cpu = None  # walk it again, as if it had used CPU
         except Exception as exc:
             failed = repr(exc)
         return {
