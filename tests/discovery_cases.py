@@ -60,9 +60,11 @@ class Loops:
     def __init__(self) -> None:
         self.running: list[tuple[asyncio.AbstractEventLoop, threading.Thread]] = []
 
-    def stepping(self, name: str, gate: threading.Event) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    def stepping(
+        self, name: str, gate: threading.Event, new_loop: Any = uvloop.new_event_loop
+    ) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
         # A loop whose task's step waits on `gate` (a hang, as the watchdog would see it).
-        loop = uvloop.new_event_loop()
+        loop = new_loop()
         inside = threading.Event()
 
         async def step() -> None:
@@ -144,13 +146,21 @@ def case_stepping_found_at_once() -> dict[str, object]:
     gate = threading.Event()
     try:
         _, thread = loops.stepping("stepping", gate)
+        # One of the application's own class, a subclass of asyncio's (a
+        # Python loop: bounded by its own frames, no edge).
+        _, own_thread = loops.stepping("own-class", gate, AppLoop)
         found = look(_discovery.Finder())
-        result = {"found": [(w.thread_name, w.thread_id == thread.ident, w.base_frame is not None) for w in found]}
+        threads = {thread.ident: "stepping", own_thread.ident: "own-class"}
+        result = {"found": sorted((threads.get(w.thread_id, w.thread_name), w.base_frame is not None) for w in found)}
         gate.set()
         return result
     finally:
         gate.set()
         loops.close()
+
+
+class AppLoop(asyncio.SelectorEventLoop):
+    """An application's subclass of asyncio's loop."""
 
 
 class Lazy:

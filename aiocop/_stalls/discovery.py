@@ -128,8 +128,17 @@ def _known_loop_type(cls: type) -> bool:
 
 
 def _python_loop(loop: object) -> bool:
-    name = _module_of(type(loop))
-    return isinstance(name, str) and name.partition(".")[0] in _loops.PYTHON_LOOP_PACKAGES
+    # Written in Python: a class of its own MRO (AbstractEventLoop aside) from
+    # a loop package written in Python (an application's subclass of asyncio's too).
+    for cls in _mro_of(type(loop)):
+        name = _module_of(cls)
+        if (
+            cls is not asyncio.AbstractEventLoop
+            and isinstance(name, str)
+            and name.partition(".")[0] in _loops.PYTHON_LOOP_PACKAGES
+        ):
+            return True
+    return False
 
 
 def _is_running(loop: object) -> bool:
@@ -166,25 +175,25 @@ def _running_steps() -> dict[FrameType, Any]:
     return steps
 
 
-def _task_runs_here(loop: object, frame: FrameType) -> bool:
-    """Whether `loop`'s current task's coroutine runs on the stack of `frame` (3.14+: `current_task(loop)`)."""
+def _task_frame_here(loop: object, frame: FrameType) -> FrameType | None:
+    """The coroutine frame of `loop`'s current task if it runs on the stack of `frame` (3.14+: `current_task(loop)`)."""
     if _CURRENT is not None:
-        return False  # (3.10-3.13: _running_steps already said)
+        return None  # (3.10-3.13: _running_steps already said)
     try:
         task = asyncio.current_task(loop)  # type: ignore[arg-type]  # (C: compares the threads' running loops)
     except Exception:
-        return False
+        return None
     if task is None:
-        return False
+        return None
     target = _task_frame(task)
     f: FrameType | None = frame
     walked = 0
     while f is not None and walked < _MAX_WALK:
         if f is target:
-            return True
+            return f
         walked += 1
         f = f.f_back
-    return False
+    return None
 
 
 def _entry(frame: FrameType) -> bool:
@@ -405,7 +414,7 @@ class Finder:
             while f is not None and walked < _MAX_WALK:
                 loop = steps.get(f)
                 if loop is not None:
-                    return _register(loop, f.f_back, thread_id, thread)
+                    return _register(loop, f.f_back, thread_id, thread, by_task=True)
                 walked += 1
                 f = f.f_back
         outer, base = edge
@@ -418,22 +427,7 @@ class Finder:
             loop = running_loop_held_by(base)
             if loop is not None:
                 return _register(loop, base, thread_id, thread)
-        # Held nearby: maybe another thread's loop. Proven by its current task
-        # (3.14+), or asked to register itself from its own thread.
-        f = base
-        for _ in range(_HOLDERS):
-            if f is None:
-                break
-            if f.f_code.co_name != "<module>":  # (a module's globals: any thread's objects)
-                loop = running_loop_held_by(f)
-                if loop is not None:
-                    if _task_runs_here(loop, frame):
-                        return _register(loop, outer.f_back, thread_id, thread)
-                    if not _registered(loop):
-                        _probe(loop)
-                    return None
-            f = f.f_back
-        return None
+        return _held_nearby(base, frame, thread_id, thread)
 
     def scan(self, frames: dict[int, FrameType], watches: dict[int, LoopWatch]) -> None:
         """Find running loops whose start aiocop did not see, idle, on the stacks of the other threads.
@@ -460,6 +454,30 @@ class Finder:
                 _scan_one(thread_id, frame)
             except Exception:
                 _failed(thread_id)
+
+
+def _held_nearby(base: FrameType, frame: FrameType, thread_id: int, thread: _Thread) -> LoopWatch | None:
+    """A loop held by a frame at or below the step's edge `base`; registered if proven to run here."""
+    # Held nearby: maybe another thread's loop. Proven by its current task
+    # (3.14+), or, of a known class, asked to register itself from its own thread.
+    f: FrameType | None = base
+    for _ in range(_HOLDERS):
+        if f is None:
+            break
+        if f.f_code.co_name != "<module>":  # (a module's globals: any thread's objects)
+            for value in _locals_of(f) or ():
+                loop = value._loop if type(value) is _RUNNER else value  # (exactly asyncio's: plain attributes)
+                cls = type(loop)
+                if asyncio.AbstractEventLoop not in _mro_of(cls):
+                    continue
+                task_frame = _task_frame_here(loop, frame)
+                if task_frame is not None:
+                    return _register(loop, task_frame.f_back, thread_id, thread, by_task=True)
+                if _known_loop_type(cls) and not _registered(loop) and _is_running(loop):
+                    _probe(loop)
+                    return None
+        f = f.f_back
+    return None
 
 
 def _scan_one(thread_id: int, frame: FrameType) -> None:
@@ -506,13 +524,24 @@ def _registered(loop: object) -> bool:
     return any(watch.loop is loop for watch in _loops.watches.values())
 
 
-def _register(loop: Any, base: FrameType | None, thread_id: int, thread: _Thread) -> LoopWatch | None:
-    """Register `loop`, proven to run on `thread_id`, there; `base`: the frame that called into it."""
-    if not _known_loop_type(type(loop)) or _registered(loop):
+def _register(
+    loop: Any, base: FrameType | None, thread_id: int, thread: _Thread, *, by_task: bool = False
+) -> LoopWatch | None:
+    """Register `loop`, proven to run on `thread_id`, there; `base`: the frame that called into it.
+
+    `by_task`: proven by its current task's coroutine running there, so a
+    real loop stepping on that thread whatever its class: one of the
+    application's (a subclass of asyncio's started before aiocop was set up)
+    is then watched as if its start had been seen, as such a loop is when it
+    is (its methods are asked then as now). Otherwise only known loop classes.
+    """
+    cls = type(loop)
+    if not (_known_loop_type(cls) or (by_task and asyncio.AbstractEventLoop in _mro_of(cls))) or _registered(loop):
         return None
-    owner = getattr(loop, "_thread_id", None)  # asyncio's (uvloop keeps its own out of reach)
-    if isinstance(owner, int) and owner not in (0, thread_id):
-        return None
+    if _known_loop_type(cls):  # (nothing of the application's is read)
+        owner = getattr(loop, "_thread_id", None)  # asyncio's (uvloop keeps its own out of reach)
+        if isinstance(owner, int) and owner not in (0, thread_id):
+            return None
     watch = _loops.register(loop, None if _python_loop(loop) else base, thread_id)
     watch.discovered = True
     # The step is timed from the last moment this thread was known not to be in it.
