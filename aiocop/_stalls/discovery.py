@@ -26,7 +26,9 @@ registers a loop on a thread only once that thread is proven to run it:
 Nothing here runs the application's code: a candidate is tested by its
 `type()` (never `isinstance`, which reads `__class__`), and only instances of
 known loop classes (every class of its MRO from a loop package aiocop knows,
-`_known_loop_type`) are asked anything. On Python 3.10-3.12 reading a
+`_known_loop_type`) are asked anything; a loop of another class is
+registered only when its current task proves it steps on that thread (a
+real loop, then watched as if its start had been seen). On Python 3.10-3.12 reading a
 frame's `f_locals` copies its locals into a dict kept on the frame (keeping
 alive what the application deletes), so there only frames whose locals are
 a loop's own are read (`_locals_of`).
