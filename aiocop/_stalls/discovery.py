@@ -95,23 +95,32 @@ _known_types: dict[type, bool] = {}
 _MAX_KNOWN_TYPES = 256
 
 
+def _derives(cls: type, base: type) -> bool:
+    # By identity: `in` would compare with ==, which a metaclass may define.
+    return any(c is base for c in _mro_of(cls))
+
+
 def _known_module(name: object) -> bool:
-    if not isinstance(name, str):
+    if type(name) is not str:
         return False
     return name.partition(".")[0] in _KNOWN_PACKAGES or name in _loops.UNANNOUNCED_LOOP_MODULES or name == "builtins"
 
 
 def _known_class(cls: type) -> bool:
     """Whether every class of `cls`'s MRO comes from a loop package aiocop knows (cached): its code is theirs."""
-    known = _known_types.get(cls)
+    # Cached by class only for classes of `type` itself: a dict look-up hashes
+    # its key, and a metaclass of the application's may define __hash__.
+    plain = type(cls) is type
+    known = _known_types.get(cls) if plain else None
     if known is None:
         try:
             known = all(_known_module(_module_of(c)) for c in _mro_of(cls))
         except Exception:  # not a class as type() knows them
             known = False
-        if len(_known_types) >= _MAX_KNOWN_TYPES:
-            _known_types.clear()
-        _known_types[cls] = known
+        if plain:
+            if len(_known_types) >= _MAX_KNOWN_TYPES:
+                _known_types.clear()
+            _known_types[cls] = known
     return known
 
 
@@ -126,7 +135,7 @@ def _known_loop_type(cls: type) -> bool:
     announce their start (asyncio's, uvloop's and their subclasses) are
     registered by that start, not here.
     """
-    return _known_class(cls) and asyncio.AbstractEventLoop in _mro_of(cls)
+    return _known_class(cls) and _derives(cls, asyncio.AbstractEventLoop)
 
 
 def _python_loop(loop: object) -> bool:
@@ -136,7 +145,7 @@ def _python_loop(loop: object) -> bool:
         name = _module_of(cls)
         if (
             cls is not asyncio.AbstractEventLoop
-            and isinstance(name, str)
+            and type(name) is str
             and name.partition(".")[0] in _loops.PYTHON_LOOP_PACKAGES
         ):
             return True
@@ -151,7 +160,7 @@ def _is_running(loop: object) -> bool:
 def _task_frame(task: object) -> FrameType | None:
     """The frame of `task`'s coroutine, read without running any code of the task's class."""
     cls = type(task)
-    if _CTask is not None and _CTask in _mro_of(cls):
+    if _CTask is not None and _derives(cls, _CTask):
         coro = _CTask.get_coro(task)  # the C slot, whatever a subclass overrides
     elif _known_class(cls):  # asyncio's Task in Python, a loop's own (Leviathan's)
         coro = task.get_coro()  # type: ignore[attr-defined]
@@ -201,7 +210,7 @@ def _task_frame_here(loop: object, frame: FrameType) -> FrameType | None:
 def _entry(frame: FrameType) -> bool:
     """Whether `frame` is a loop's own run method, or asyncio's that runs one: its locals are the loop's."""
     name = frame.f_globals.get("__name__")
-    if not isinstance(name, str):
+    if type(name) is not str:
         return False
     code = frame.f_code.co_name
     if name == "asyncio.runners":
@@ -470,7 +479,7 @@ def _held_nearby(base: FrameType, frame: FrameType, thread_id: int, thread: _Thr
             for value in _locals_of(f) or ():
                 loop = value._loop if type(value) is _RUNNER else value  # (exactly asyncio's: plain attributes)
                 cls = type(loop)
-                if asyncio.AbstractEventLoop not in _mro_of(cls):
+                if not _derives(cls, asyncio.AbstractEventLoop):
                     continue
                 task_frame = _task_frame_here(loop, frame)
                 if task_frame is not None:
@@ -488,7 +497,7 @@ def _scan_one(thread_id: int, frame: FrameType) -> None:
     while f is not None and depth < _MAX_WALK:
         depth += 1
         name = f.f_globals.get("__name__")
-        roles = _frames.LOOP_ROLES.get(name) if isinstance(name, str) else None
+        roles = _frames.LOOP_ROLES.get(name) if type(name) is str else None
         if roles is not None and roles.get(f.f_code.co_name) == "dispatch" and name != "asyncio.events":
             # The loop's own method, running on this thread: its locals are the loop's.
             loop = next((v for v in f.f_locals.values() if _known_loop_type(type(v))), None)
@@ -538,11 +547,11 @@ def _register(
     is (its methods are asked then as now). Otherwise only known loop classes.
     """
     cls = type(loop)
-    if not (_known_loop_type(cls) or (by_task and asyncio.AbstractEventLoop in _mro_of(cls))) or _registered(loop):
+    if not (_known_loop_type(cls) or (by_task and _derives(cls, asyncio.AbstractEventLoop))) or _registered(loop):
         return None
     if _known_loop_type(cls):  # (nothing of the application's is read)
         owner = getattr(loop, "_thread_id", None)  # asyncio's (uvloop keeps its own out of reach)
-        if isinstance(owner, int) and owner not in (0, thread_id):
+        if type(owner) is int and owner not in (0, thread_id):
             return None
     watch = _loops.register(loop, None if _python_loop(loop) else base, thread_id)
     watch.discovered = True
