@@ -96,3 +96,62 @@ def test_a_hang_of_an_unknown_loop_is_reported_while_it_hangs(app_run: dict[str,
         assert hangs[0]["call_site"] in sites, (task, hangs[0]["call_site"])
         ended = [e["reason"] for e in events_of(app_run, task) if e["reason"] != "hang"]
         assert ended == ["cpu_blocking" if task == "hang-spin" else "io_blocking"], (task, ended)
+
+
+# What discovery must never do (review of issue 29, findings 3-6): each case
+# parks threads where it needs them and takes the watchdog's looks itself
+# (tests/discovery_cases.py, a process of its own with aiocop not set up).
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, dict[str, object]]:
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.discovery_cases"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    result: dict[str, dict[str, object]] = json.loads(out.stdout.splitlines()[-1])
+    return result
+
+
+def test_a_loop_is_registered_only_on_a_thread_proven_to_run_it(cases: dict[str, dict[str, object]]) -> None:
+    # Sync code iterating a generator, with another thread's uvloop loop (no
+    # `_thread_id` to tell its thread) in its locals or its module's globals:
+    # never that thread's loop; the loop registers itself from its own thread.
+    assert cases["wrong_thread"] == {"registered_on_wrong_threads": [], "registered_on_its_own_thread": True}
+    # A loop stepping (a hang in its task's first step) is still registered at
+    # the look that sees it, on its own thread, with the edge of its steps
+    # (uvloop, written in C); so is one of the application's own class, a
+    # subclass of asyncio's (written in Python: no edge), proven by its task.
+    assert cases["stepping"] == {"found": [["own-class", False], ["stepping", True]]}
+
+
+def test_discovery_runs_no_application_code(cases: dict[str, dict[str, object]]) -> None:
+    # A lazy proxy (its `__class__` evaluates the factory) and a loop facade
+    # (an AbstractEventLoop subclass whose methods raise) in the frames looked at.
+    assert cases["application_objects"] == {"lazy_evaluated_on": [], "proxy_asked_on": [], "look_failed": None}
+
+
+def test_one_thread_that_cannot_be_examined_fails_neither_the_look_nor_floods_the_log(
+    cases: dict[str, dict[str, object]],
+) -> None:
+    # Its examination raises at each of three looks: the loop stepping on
+    # another thread is found all the same, and the failure is logged once.
+    assert cases["one_bad_thread"] == {"look_failed": None, "found": [True], "logged": 1}
+
+
+def test_discovery_keeps_no_object_of_the_application_alive(cases: dict[str, dict[str, object]]) -> None:
+    # A connection `del`eted right after the watchdog looked at the frame
+    # holding it (idle in a C call, or below a step) is freed there and then.
+    # (On 3.10-3.12 reading a frame's f_locals kept a copy on the frame.)
+    assert cases["keep_alive"] == {"freed_at_del": {"idle": True, "stepping": True}}
+
+
+def test_a_look_reads_no_clock_of_parked_threads(cases: dict[str, dict[str, object]]) -> None:
+    # 50 threads parked for a whole scan interval: a look (and the cheap
+    # check before it) reads none of their clocks; the once-a-second scan all.
+    assert cases["parked_threads"] == {"clock_reads_per_look": 0, "clock_reads_per_scan": 50}

@@ -398,7 +398,9 @@ class Watchdog:
         # frame of the loops' stacks at this look (and the tasks and locals
         # those hold) until the next garbage collection.
         frames.pop(threading.get_ident(), None)
-        others = self._finder.read(frames, watches, now)
+        # Once a second, every thread (the parked ones too, and idle loops: scan).
+        scan = now - self._last_scan > _DISCOVERY_S
+        others = self._finder.read(frames, watches, now, scan=scan)
         busy = active = False
         for (thread_id, watch), cpu, probe, tick in zip(watches.items(), clocks, probes, ticking, strict=True):
             frame = frames.get(thread_id)
@@ -425,9 +427,9 @@ class Watchdog:
         # _next_interval.)
         for watch in self._finder.look(frames, others, now):
             busy |= self._poll_one(watch, frames[watch.thread_id], now, others.get(watch.thread_id))
-        if now - self._last_scan > _DISCOVERY_S:
+        if scan:
             self._last_scan = now
-            _discovery.discover(frames, watches)
+            self._finder.scan(frames, watches)
         return busy, active
 
     def _finish_retired(self) -> None:
