@@ -340,8 +340,11 @@ class Finder:
         """
         threads, hot = self.threads, self.hot
         count = len(threading._active)  # type: ignore[attr-defined]  # (one started after the snapshot: next look)
+        # A known loop stopped (the registry changed), or a thread started:
+        # that thread may start an unknown loop as its very next work.
+        changed = watches is not self._watches or count != self._thread_count
         self._watches = watches
-        if scan or count != self._thread_count:
+        if scan or changed:
             self._thread_count = count
             self._enlist(frames, watches, now)
         else:
