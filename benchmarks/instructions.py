@@ -39,6 +39,9 @@ least a pure-Python detector can do for a detected call and its delivered
 event (a yardstick: it leaves out most of what a detector needs to be right;
 see that file). Only the `stat` scenario has a floor.
 
+`--profile SCENARIO` shows where one scenario's instructions go, per
+Python function (callgrind with `python -X perf`; see `profile`).
+
 `--audit-cost` measures instead what one audit event costs, the floor
 under every detected call: a `frame.f_code` read and a `sys._getframe()`
 call (each raises an audit event; aiocop makes both for every detected
@@ -282,7 +285,7 @@ def audit_child(mode: str, what: str, count: int) -> None:
         if mode != "baseline":
             # The least any audit hook can cost: a C function that looks the
             # event up and returns (aiocop's hook is a Python function).
-            sys.addaudithook({}.get)
+            sys.addaudithook({}.get)  # type: ignore[arg-type]  # dict.get(event, args): overloaded, takes both
         what = "f_code"
     elif mode != "baseline":
         import aiocop
@@ -557,6 +560,78 @@ def _regions(mode: str, loop_name: str, scenarios: list[str], tasks: int, path: 
     return {s: (parts[3 * i + 3] - parts[3 * i + 2]) / tasks for i, s in enumerate(scenarios) if s not in missed}
 
 
+def profile(
+    mode: str, loop_name: str, scenario: str, tasks: int = TABLE_TASKS, top: int = 25
+) -> list[tuple[float, str]]:
+    """Where a scenario's instructions go, per Python function: inclusive instructions per task.
+
+    The table's program for one scenario, under callgrind with `python -X
+    perf`: CPython then enters each Python function through a trampoline of
+    its own, listed in /tmp/perf-PID.map, whose inclusive count callgrind
+    reports. With the trampolines, Python-to-Python calls are no longer
+    inlined by the interpreter: counts run about a third higher than the
+    table's, and compare with each other, not with it.
+    """
+    if shutil.which("callgrind_annotate") is None:
+        sys.exit("callgrind_annotate is not installed (it comes with valgrind)")
+    with tempfile.TemporaryDirectory() as out:
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            "--dump-before=getppid",
+            "--separate-threads=yes",
+            f"--callgrind-out-file={out}/cg",
+            sys.executable,
+            "-X",
+            "perf",
+            __file__,
+            "--table-child",
+            mode,
+            loop_name,
+            str(tasks),
+            scenario,
+        ]
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, cwd=out)
+        if done.returncode != 0:
+            sys.exit(f"valgrind run failed ({' '.join(command)}):\n{done.stderr[-3000:]}")
+        pid = re.search(r"==(\d+)==", done.stderr)
+        perf_map = f"/tmp/perf-{pid.group(1)}.map" if pid else ""
+        if not os.path.exists(perf_map):
+            sys.exit(f"no perf map {perf_map!r}: this Python has no perf trampolines (CPython 3.12+ on Linux)")
+        names: dict[int, str] = {}
+        with open(perf_map, encoding="utf-8") as f:
+            for line in f:
+                address, _, name = line.rstrip("\n").split(" ", 2)
+                names[int(address, 16)] = name.removeprefix("py::")
+        os.remove(perf_map)
+
+        def inclusive(dump: str) -> dict[str, int]:
+            annotated = subprocess.run(
+                ["callgrind_annotate", "--inclusive=yes", "--threshold=100", os.path.join(out, dump)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            counts: dict[str, int] = {}
+            for match in re.finditer(r"^\s*([\d,]+) \([^)]*\)\s+\?\?\?:0x([0-9a-f]+) ", annotated, re.MULTILINE):
+                name = names.get(int(match.group(2), 16))
+                if name is not None:
+                    counts[name] = counts.get(name, 0) + int(match.group(1).replace(",", ""))
+            return counts
+
+        # The 2N-task region minus the N-task one, as the table's figures.
+        small, large = inclusive("cg.2-01"), inclusive("cg.3-01")
+    rows = sorted(((large.get(k, 0) - small.get(k, 0)) / tasks, k) for k in set(small) | set(large))
+    return sorted(rows, reverse=True)[:top]
+
+
+def print_profile(mode: str, loop_name: str, scenario: str) -> None:
+    print(f"{scenario} on {loop_name}, mode {mode}: inclusive instructions per task, per Python function (-X perf)")
+    for count, name in profile(mode, loop_name, scenario):
+        print(f"{count:10.0f}  {name}")
+
+
 def table(
     loops: tuple[str, ...], blockbuster: bool, tasks: int = TABLE_TASKS, aiocop1: str | None = None
 ) -> dict[str, dict[str, float]]:
@@ -724,6 +799,13 @@ def main() -> None:
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--floor", action="store_true", help="add the floor_detector.py column (stat only)")
+    parser.add_argument(
+        "--profile",
+        metavar="SCENARIO",
+        choices=list(BODIES),
+        help="where one scenario's instructions go, per Python function (--loop; --profile-mode aiocop|otel|baseline)",
+    )
+    parser.add_argument("--profile-mode", default="aiocop", choices=("aiocop", "otel", "baseline"))
     parser.add_argument("--audit-cost", action="store_true", help="the cost of one audit event instead")
     parser.add_argument("--table", action="store_true", help="the cost table of issue 26 against budgets.toml")
     parser.add_argument("--markdown", action="store_true", help="the table in Markdown, with blockbuster's column")
@@ -759,6 +841,9 @@ def main() -> None:
         sys.exit("valgrind is not installed (apt-get install valgrind)")
     if args.table or args.markdown or args.docs or args.json:
         run_table(args)
+        return
+    if args.profile:
+        print_profile(args.profile_mode, args.loop, args.profile)
         return
     if args.tasks < BATCH or args.tasks % BATCH:
         sys.exit(f"--tasks must be a positive multiple of {BATCH}")
