@@ -384,14 +384,13 @@ class _Recorder:
             self.failed(error, "recording a blocking call or stall")
 
     def _record(self, event: SlowTaskEvent) -> None:
-        fields = event.__dict__
-        if "_resolve" not in fields and is_hang_report(event):  # a lazy event is never a hang report
+        view = step_view(event)
+        if view is None and is_hang_report(event):  # a lazy event (with a view) is never a hang report
             # A hang report (from aiocop's hang-report thread): the step's
             # time is counted by its final event, if it ends.
             if event.hang_reports == 1:
                 self.hangs.add(1, self.sites.attributes(event.call_site))
             return
-        view = step_view(event)
         if view is not None:  # nobody has read the event: its calls as recorded, nothing formatted
             elapsed_ms, exceeded = view.elapsed_ms, view.exceeded_threshold
             site = None

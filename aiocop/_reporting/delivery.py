@@ -289,7 +289,7 @@ def step_view(event: SlowTaskEvent) -> StepView | None:
     The OpenTelemetry instrumentor needs only the length, the calls' names,
     weights and lines: from here, a detected call costs it a few look-ups.
     """
-    resolve = event.__dict__.get("_resolve")
+    resolve = _resolve_of(event)
     if resolve is None:
         return None
     origin, group = resolve[1], resolve[2]
@@ -302,6 +302,19 @@ def step_view(event: SlowTaskEvent) -> StepView | None:
 
 
 _new_tuple = tuple.__new__
+_get_attribute = object.__getattribute__
+
+
+def _resolve_of(event: SlowTaskEvent) -> tuple[Any, ...] | None:
+    # The event's recipe, if its fields are not built yet. Read as an
+    # attribute: `event.__dict__` would make the event's dict (its attributes
+    # live inline until someone asks for it), and object.__getattribute__
+    # never falls back to SlowTaskEvent.__getattr__.
+    try:
+        resolve: tuple[Any, ...] = _get_attribute(event, "_resolve")
+    except AttributeError:
+        return None
+    return resolve
 
 
 _new_object = object.__new__
@@ -376,9 +389,9 @@ def _deliver(group: StepGroup, origin: _Origin) -> None:
         # outlives its delivery: it takes its task's name now, and keeps no
         # task alive. One nobody kept goes with this frame, task and all.
         if task is not None and _refcount(event) > _LOCAL_REFS:
-            resolve = event.__dict__.get("_resolve")
+            resolve = _resolve_of(event)
             if resolve is not None:
-                event.__dict__["_resolve"] = (*resolve[:4], task.get_name(), *resolve[5:])
+                _set_attribute(event, "_resolve", (*resolve[:4], task.get_name(), *resolve[5:]))
 
 
 _refcount = sys.getrefcount
