@@ -460,9 +460,9 @@ def table_child(mode: str, loop_name: str, tasks: int, scenarios: list[str]) -> 
         # the hand-over costs that thread instructions at moments set by the
         # clock, which valgrind's slowdown and the machine's load move: up to
         # 4 % of a figure between runs at the default 2 ms, and still up to
-        # 7 % at one look a second on a loaded machine, where a region lasts
-        # a minute (file read on asyncio: +66.4 k in a full table, +60.5 k
-        # alone). Here it looks every WATCHDOG_LOOK_S: the loop thread's own
+        # 9 % at one look a second on a loaded machine, where a region lasts
+        # a minute (file read on asyncio: +66.4 k in one full table, +60.7 k
+        # in the next). Here it looks every WATCHDOG_LOOK_S: the loop thread's own
         # work for the watchdog stays in every figure, the polling's share is
         # benchmarks/watchdog_busy_cost.py's.
         from aiocop._stalls import watchdog as _watchdog
