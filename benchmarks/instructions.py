@@ -39,12 +39,19 @@ least a pure-Python detector can do for a detected call and its delivered
 event (a yardstick: it leaves out most of what a detector needs to be right;
 see that file). Only the `stat` scenario has a floor.
 
+`--profile SCENARIO` shows where one scenario's instructions go, per
+Python function (callgrind with `python -X perf`; see `profile`).
+
 `--audit-cost` measures instead what one audit event costs, the floor
 under every detected call: a `frame.f_code` read and a `sys._getframe()`
 call (each raises an audit event; aiocop makes both for every detected
 call, on top of the call's own), without aiocop and with its hook
-installed; and what a free `threading.Lock` taken with `with` on a loop's
-thread costs once aiocop wraps the lock type (aiocop's own locks included).
+installed; what a free `threading.Lock` taken with `with` on a loop's
+thread costs once aiocop wraps the lock type (aiocop's own locks included);
+the same `f_code` read under the cheapest audit hook there is (a C
+function, `{}.get`): what any hook costs, however written; and a scope made,
+entered and left per task, the least a context-variable scope can be
+(value set, token reset) against `aiocop.allow_blocking("os.stat")`.
 
 Instructions are not time: a cache miss or a system call costs far more than
 an instruction. But they follow the Python-level work closely, and the
@@ -221,8 +228,66 @@ def child(mode: str, scenario: str, loop_name: str, tasks: int) -> None:
         sys.exit(f"{mode}/{scenario}: {delivered[0]} events delivered, expected {expected}")
 
 
+class _MinimalScope:
+    # The least a context-variable scope can be: its value set on enter, reset
+    # from its token on exit (no check, no cache, not shareable between tasks).
+    __slots__ = ("token", "value")
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __enter__(self) -> None:
+        self.token = _SCOPE_VAR.set(self.value)
+
+    def __exit__(self, *exc_info: object) -> None:
+        _SCOPE_VAR.reset(self.token)
+
+
+_SCOPE_VAR: Any = None  # a ContextVar, made by audit_child
+
+
+def _scopes(what: str, count: int, entering: bool) -> None:
+    # A scope made and entered per task, in a context of its own as a task's:
+    # `entering` false counts the loop alone (the figure is the difference).
+    import contextvars
+
+    global _SCOPE_VAR
+    _SCOPE_VAR = contextvars.ContextVar("scope", default=())
+
+    def run() -> None:
+        if not entering:
+            for _ in range(count):
+                pass
+        elif what == "scope_min":
+            for _ in range(count):
+                with _MinimalScope(("os.stat",)):
+                    pass
+        else:
+            import aiocop
+
+            allow = aiocop.allow_blocking
+            for _ in range(count):
+                with allow("os.stat"):
+                    pass
+
+    contextvars.copy_context().run(run)
+
+
 def audit_child(mode: str, what: str, count: int) -> None:
-    if mode != "baseline":
+    if what in ("scope_min", "scope_aiocop"):
+        if what == "scope_aiocop":
+            import aiocop
+
+            aiocop.start_blocking_io_detection()
+        _scopes(what, count, entering=mode != "baseline")
+        return
+    if what == "f_code_c_hook":
+        if mode != "baseline":
+            # The least any audit hook can cost: a C function that looks the
+            # event up and returns (aiocop's hook is a Python function).
+            sys.addaudithook({}.get)  # type: ignore[arg-type]  # dict.get(event, args): overloaded, takes both
+        what = "f_code"
+    elif mode != "baseline":
         import aiocop
 
         aiocop.start_blocking_io_detection()
@@ -334,6 +399,8 @@ BLOCKBUSTER_SCENARIOS = ("stat", "getcwd", "file_read", "handler", "pure")
 # valgrind's speed (50-100 times slower), so that no stall is ever reported;
 # the loop thread's work per step does not depend on it.
 WATCHDOG_THRESHOLD_MS = 60_000
+# How often the watchdog looks at the loop in the table's runs (see table_child).
+WATCHDOG_LOOK_S = 20.0
 TABLE_TASKS = 400
 TABLE_BATCH = 200
 BUDGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "budgets.toml")
@@ -391,16 +458,19 @@ def table_child(mode: str, loop_name: str, tasks: int, scenarios: list[str]) -> 
         aiocop.detect_slow_tasks(threshold_ms=WATCHDOG_THRESHOLD_MS)
         # Each look of the watchdog takes the GIL from the loop's thread, and
         # the hand-over costs that thread instructions at moments set by the
-        # clock, which valgrind's slowdown and the machine's load move (up to
-        # 4 % of a figure between runs at the default 2 ms). Here it looks once
-        # a second: the loop thread's own work for the watchdog stays in every
-        # figure, the polling's share is benchmarks/watchdog_busy_cost.py's.
+        # clock, which valgrind's slowdown and the machine's load move: up to
+        # 4 % of a figure between runs at the default 2 ms, and still up to
+        # 9 % at one look a second on a loaded machine, where a region lasts
+        # a minute (file read on asyncio: +66.4 k in one full table, +60.7 k
+        # in the next). Here it looks every WATCHDOG_LOOK_S: the loop thread's own
+        # work for the watchdog stays in every figure, the polling's share is
+        # benchmarks/watchdog_busy_cost.py's.
         from aiocop._stalls import settings as _settings
         from aiocop._stalls import watchdog as _watchdog
 
-        _settings.sampling.busy_poll_ms = 1000.0
-        _settings.sampling.idle_interval_ms = 1000.0
-        _watchdog._FAST_IDLE_S = 1.0
+        _settings.sampling.busy_poll_ms = WATCHDOG_LOOK_S * 1000.0
+        _settings.sampling.idle_interval_ms = WATCHDOG_LOOK_S * 1000.0
+        _watchdog._FAST_IDLE_S = WATCHDOG_LOOK_S
         SCOPE = aiocop.allow_blocking
         if mode == "otel":
             from opentelemetry.sdk.metrics import MeterProvider
@@ -489,6 +559,78 @@ def _regions(mode: str, loop_name: str, scenarios: list[str], tasks: int, path: 
         if match is not None and match.group(2) != match.group(3):
             missed.add(match.group(1))
     return {s: (parts[3 * i + 3] - parts[3 * i + 2]) / tasks for i, s in enumerate(scenarios) if s not in missed}
+
+
+def profile(
+    mode: str, loop_name: str, scenario: str, tasks: int = TABLE_TASKS, top: int = 25
+) -> list[tuple[float, str]]:
+    """Where a scenario's instructions go, per Python function: inclusive instructions per task.
+
+    The table's program for one scenario, under callgrind with `python -X
+    perf`: CPython then enters each Python function through a trampoline of
+    its own, listed in /tmp/perf-PID.map, whose inclusive count callgrind
+    reports. With the trampolines, Python-to-Python calls are no longer
+    inlined by the interpreter: counts run about a third higher than the
+    table's, and compare with each other, not with it.
+    """
+    if shutil.which("callgrind_annotate") is None:
+        sys.exit("callgrind_annotate is not installed (it comes with valgrind)")
+    with tempfile.TemporaryDirectory() as out:
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            "--dump-before=getppid",
+            "--separate-threads=yes",
+            f"--callgrind-out-file={out}/cg",
+            sys.executable,
+            "-X",
+            "perf",
+            __file__,
+            "--table-child",
+            mode,
+            loop_name,
+            str(tasks),
+            scenario,
+        ]
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, cwd=out)
+        if done.returncode != 0:
+            sys.exit(f"valgrind run failed ({' '.join(command)}):\n{done.stderr[-3000:]}")
+        pid = re.search(r"==(\d+)==", done.stderr)
+        perf_map = f"/tmp/perf-{pid.group(1)}.map" if pid else ""
+        if not os.path.exists(perf_map):
+            sys.exit(f"no perf map {perf_map!r}: this Python has no perf trampolines (CPython 3.12+ on Linux)")
+        names: dict[int, str] = {}
+        with open(perf_map, encoding="utf-8") as f:
+            for line in f:
+                address, _, name = line.rstrip("\n").split(" ", 2)
+                names[int(address, 16)] = name.removeprefix("py::")
+        os.remove(perf_map)
+
+        def inclusive(dump: str) -> dict[str, int]:
+            annotated = subprocess.run(
+                ["callgrind_annotate", "--inclusive=yes", "--threshold=100", os.path.join(out, dump)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            counts: dict[str, int] = {}
+            for match in re.finditer(r"^\s*([\d,]+) \([^)]*\)\s+\?\?\?:0x([0-9a-f]+) ", annotated, re.MULTILINE):
+                name = names.get(int(match.group(2), 16))
+                if name is not None:
+                    counts[name] = counts.get(name, 0) + int(match.group(1).replace(",", ""))
+            return counts
+
+        # The 2N-task region minus the N-task one, as the table's figures.
+        small, large = inclusive("cg.2-01"), inclusive("cg.3-01")
+    rows = sorted(((large.get(k, 0) - small.get(k, 0)) / tasks, k) for k in set(small) | set(large))
+    return sorted(rows, reverse=True)[:top]
+
+
+def print_profile(mode: str, loop_name: str, scenario: str) -> None:
+    print(f"{scenario} on {loop_name}, mode {mode}: inclusive instructions per task, per Python function (-X perf)")
+    for count, name in profile(mode, loop_name, scenario):
+        print(f"{count:10.0f}  {name}")
 
 
 def table(
@@ -637,12 +779,34 @@ def over_budget(figures: dict[str, dict[str, float]], budgets: dict[str, dict[st
     ]
 
 
+def audit_cost() -> None:
+    """Print what one audited operation costs (`--audit-cost`)."""
+    print(f"instructions per audited operation, Python {sys.version.split()[0]} (valgrind)")
+    for what in ("f_code", "getframe", "lock"):
+        base, hooked = (per_task(mode, what, "-", 100_000) for mode in ("baseline", "inert"))
+        label = {"f_code": "frame.f_code", "getframe": "sys._getframe()", "lock": "with lock: (loop)"}[what]
+        extra = hooked - base
+        print(f"{label:16} without aiocop {base:6.0f}, with its hook installed {hooked:6.0f} ({extra:+.0f})")
+    base, hooked = (per_task(mode, "f_code_c_hook", "-", 100_000) for mode in ("baseline", "inert"))
+    print(f"{'frame.f_code':16} with the cheapest hook there is (C, {{}}.get): {hooked - base:+.0f}")
+    for what, label in (("scope_min", "a minimal ContextVar scope"), ("scope_aiocop", "aiocop.allow_blocking")):
+        base, entered = (per_task(mode, what, "-", 20_000) for mode in ("baseline", "inert"))
+        print(f"{label} made, entered and left: {entered - base:+.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--loop", default="uvloop")
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--floor", action="store_true", help="add the floor_detector.py column (stat only)")
+    parser.add_argument(
+        "--profile",
+        metavar="SCENARIO",
+        choices=list(BODIES),
+        help="where one scenario's instructions go, per Python function (--loop; --profile-mode aiocop|otel|baseline)",
+    )
+    parser.add_argument("--profile-mode", default="aiocop", choices=("aiocop", "otel", "baseline"))
     parser.add_argument("--audit-cost", action="store_true", help="the cost of one audit event instead")
     parser.add_argument("--table", action="store_true", help="the cost table of issue 26 against budgets.toml")
     parser.add_argument("--markdown", action="store_true", help="the table in Markdown, with blockbuster's column")
@@ -679,15 +843,13 @@ def main() -> None:
     if args.table or args.markdown or args.docs or args.json:
         run_table(args)
         return
+    if args.profile:
+        print_profile(args.profile_mode, args.loop, args.profile)
+        return
     if args.tasks < BATCH or args.tasks % BATCH:
         sys.exit(f"--tasks must be a positive multiple of {BATCH}")
     if args.audit_cost:
-        print(f"instructions per audited operation, Python {sys.version.split()[0]} (valgrind)")
-        for what in ("f_code", "getframe", "lock"):
-            base, hooked = (per_task(mode, what, "-", 100_000) for mode in ("baseline", "inert"))
-            label = {"f_code": "frame.f_code", "getframe": "sys._getframe()", "lock": "with lock: (loop)"}[what]
-            extra = hooked - base
-            print(f"{label:16} without aiocop {base:6.0f}, with its hook installed {hooked:6.0f} ({extra:+.0f})")
+        audit_cost()
         return
     print(f"instructions per task on {args.loop}, Python {sys.version.split()[0]} ({args.tasks} tasks, valgrind)")
     columns = (*MODES, "floor") if args.floor else MODES

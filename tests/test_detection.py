@@ -50,6 +50,37 @@ def test_in_task(detector: Collector, loop_name: str, case: Case) -> None:
     assert event.loop.startswith(LOOP_MODULES[loop_name])
 
 
+def test_a_kept_event_names_its_task_and_keeps_no_task_alive(detector: Collector, loop_name: str) -> None:
+    # The task's name is asked for only once the callbacks are done, and only
+    # of an event one of them kept (get_name() formats a default name at its
+    # first call): read long after its task is gone, it is still there.
+    import gc
+    import weakref
+
+    tasks: list[weakref.ref[asyncio.Task[Any]]] = []
+
+    async def blocks() -> None:
+        os.stat(".")
+
+    async def main() -> None:
+        for name in ("named-task", None):
+            task = asyncio.ensure_future(blocks())
+            if name is not None:
+                task.set_name(name)
+            tasks.append(weakref.ref(task))
+            await task
+            del task
+        await asyncio.sleep(0)
+
+    run_on(loop_name, main())
+    gc.collect()
+    assert [ref() for ref in tasks] == [None, None], "a kept event keeps its task alive"
+    names = [event.task_name for event in detector.events]
+    assert names[0] == "named-task"
+    assert isinstance(names[1], str) and names[1], names  # a default name ("Task-N"), read after the task went
+    assert len(names) == 2
+
+
 @pytest.mark.parametrize("case", CASE_PARAMS)
 def test_in_call_later_callback(detector: Collector, loop_name: str, case: Case) -> None:
     async def main() -> None:

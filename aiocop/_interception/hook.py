@@ -163,8 +163,9 @@ def audit_hook(event: str, args: tuple[Any, ...], _lookup: Callable[[str], _Rule
         return
     if rule.boundary:
         return
-    state: _ThreadState | None = getattr(_local, "state", None)
-    if state is None:
+    try:
+        state: _ThreadState = _local.state  # no builtin getattr() call: the except runs once per thread
+    except AttributeError:
         state = current_state()
     if state.busy or not _state.monitored.get():
         return
@@ -174,8 +175,8 @@ def audit_hook(event: str, args: tuple[Any, ...], _lookup: Callable[[str], _Rule
     state.busy = True
     try:
         captured = _capture(event, args, rule.weight, loop, state)
-        if _callbacks._call_observers and captured is not None and captured[1] is not None:
-            _callbacks.observe_call(captured[1])
+        if _callbacks._call_observers and captured is not None and captured is not _DROPPED:
+            _callbacks.observe_call(captured)
     except Exception:
         captured = None
         _internal_error()
@@ -187,11 +188,12 @@ def audit_hook(event: str, args: tuple[Any, ...], _lookup: Callable[[str], _Rule
         and _state.raise_on_violations.get()
         and (rule.raises is None or rule.raises(args))
     ):
-        _raise_violation(captured)
+        group = state.group  # the one _capture recorded the call in
+        if group is not None:
+            _raise_violation(group, None if captured is _DROPPED else captured)
 
 
-def _raise_violation(captured: tuple[StepGroup, Record | None]) -> None:
-    group, record = captured
+def _raise_violation(group: StepGroup, record: Record | None) -> None:
     if group.score < _state.config.raise_min_score or make_violation is None:
         return
     if record is not None and group.raised is None:
@@ -322,10 +324,17 @@ def _internal_error(what: str = "recording a blocking call") -> None:
         logger.exception("aiocop: internal error while %s (ignored)", what)
 
 
+# The walk's lists before its first kept frame: empty, never appended to.
+_NO_FRAMES: list[Any] = []
+# What _capture returns for a call it counted in its step's group (`state.group`)
+# but did not record, the step's buffer being full: no tuple is made per call.
+_DROPPED: Any = ("dropped",)
+
+
 def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost more than its steps
     event: str, args: tuple[Any, ...], weight: int, loop: AbstractEventLoop, state: _ThreadState
-) -> tuple[StepGroup, Record | None] | None:
-    """Record the call in its step's group; `None` if it is not to be reported.
+) -> Record | None:
+    """Record the call in its step's group (`state.group`); its record, `_DROPPED`, or `None` if not to be reported.
 
     A walk up the stack from the caller of the event to the step's edge
     finds the step's frames; it stops at the task's coroutine frame, at a
@@ -346,16 +355,21 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
             allow = _allow.matcher(event, scoped)
     if allow is not None and allow.always:
         return None  # allowed wherever it is made
-    task = current_task(loop)
     base = state.base_frame
     root: FrameType | None = None
-    if task is not None and base is None:
-        # The task's coroutine frame bounds the step. Only needed when the
-        # loop's entry frame is unknown (detection started inside a running
-        # loop): reading cr_frame is an audit event of its own.
-        root = getattr(task.get_coro(), "cr_frame", None)
-    frames: list[FrameType] = []
-    kinds: list[int] = []  # each frame's kind
+    task: Task[Any] | None = None
+    if base is None:
+        task = current_task(loop)
+        if task is not None:
+            # The task's coroutine frame bounds the step. Only needed when the
+            # loop's entry frame is unknown (detection started inside a running
+            # loop): reading cr_frame is an audit event of its own.
+            root = getattr(task.get_coro(), "cr_frame", None)
+    # The step's frames and each one's kind: made at the first frame kept,
+    # after the known-harmless and allow rules had their say at it (most
+    # allowed or harmless calls are settled there, and make neither list).
+    frames: list[FrameType] = _NO_FRAMES
+    kinds: list[int] = _NO_FRAMES  # both empty until the first frame
     # For an import: the index in `frames` of the outermost frame that
     # started an import (the line that imported the package whose modules
     # import the rest): the import chain's one application line.
@@ -418,14 +432,20 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
         # A module the matcher knows it allows settles it without a call.
         if allow is not None and (allow.by_name.get(name) or allow.frame_allowed(frame, name)):
             return None  # the rest of the walk is not needed
-        frames.append(frame)
-        kinds.append(kind)
+        if frames:
+            frames.append(frame)
+            kinds.append(kind)
+        else:
+            frames = [frame]
+            kinds = [kind]
         outer = frame
         if frame is root or len(frames) >= _MAX_WALK:
             break
         frame = frame.f_back
     if not frames:
         return None
+    if base is not None:
+        task = current_task(loop)
     if ident is None and outer is root and root is not None:
         # The walk stopped at the task's coroutine frame (the loop started
         # before aiocop saw it): name the step as the watchdog does, by
@@ -506,7 +526,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
             watch = _loops.watches.get(state.thread_id)
             if watch is None or watch.loop_ref() is not loop:
                 register_loop(loop, state.base_frame)
-    record: Record | None = None
+    record: Record = _DROPPED
     if len(group.records) < _state.config.max_events_per_step:
         for arg in args:
             # A path or a number (nearly every call) settles by its exact type.
@@ -520,7 +540,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     else:
         group.dropped += 1
     group.score += weight
-    return group, record
+    return record
 
 
 def _dispatch_outside(root: FrameType) -> FrameType | None:

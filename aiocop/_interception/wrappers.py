@@ -157,7 +157,9 @@ def _may_wait(timeout: Any) -> bool:
 def _path(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if get_running_loop() is not None:
-            _audit_hook(event, (args[0] if args else kwargs.get("path"),))
+            # The call's own tuple when the path is all it holds (nearly
+            # always): the hook keeps it in its record, no other is made.
+            _audit_hook(event, args if len(args) == 1 else (args[0] if args else kwargs.get("path"),))
         return original(*args, **kwargs)
 
     return wrapper

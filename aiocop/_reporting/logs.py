@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from aiocop._model.events import SlowTaskEvent
 
 
+# aiocop's own lock is taken with the lock type's C methods: `with lock:` would
+# pass through aiocop's Python wrapper of `__enter__` on a loop's thread (issue 26).
+_acquire, _release = _forksafe.acquire, _forksafe.release
+
+
 @dataclass(frozen=True)
 class Occurrence:
     """The limiter's verdict on an event that is to be logged.
@@ -71,7 +76,8 @@ class CallSiteLimiter:
         first_call = event.blocking_events[0] if event.blocking_events else None
         key = (call_site(event), first_call.get("name", first_call["event"]) if first_call else STALL)
         now = self._clock()
-        with self._lock:
+        _acquire(self._lock)
+        try:
             site = self._sites.get(key)
             if site is None:
                 self._sites[key] = _Site(now)
@@ -86,6 +92,8 @@ class CallSiteLimiter:
             verdict = Occurrence(first=False, repeated=site.suppressed, worst_ms=site.worst_ms)
             site.last_logged, site.suppressed, site.worst_ms = now, 0, 0.0
             return verdict
+        finally:
+            _release(self._lock)
 
 
 def headline(event: SlowTaskEvent) -> str:

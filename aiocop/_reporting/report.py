@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 STALL = "stall"  # the event name given to a step only the watchdog saw
 _CALLS = "calls"  # the kind of a summary row of blocking calls
 _EVENTS_WIDTH = 56  # the widest the table's events column gets (--json has them all)
+# aiocop's own lock is taken with the lock type's C methods: `with lock:` would
+# pass through aiocop's Python wrapper of `__enter__` on a loop's thread (issue 26).
+_acquire, _release = _forksafe.acquire, _forksafe.release
 
 
 def call_site(event: SlowTaskEvent) -> str:
@@ -264,11 +267,15 @@ class Summary:
 
     def __call__(self, event: SlowTaskEvent) -> None:
         if event.ongoing:
-            with self._lock:
+            _acquire(self._lock)
+            try:
                 self._hangs[event.thread_id] = event
                 self._hangs_ended.pop(event.thread_id, None)
+            finally:
+                _release(self._lock)
             return
-        with self._lock:
+        _acquire(self._lock)
+        try:
             if event.hang_reports and event.thread_id in self._hangs:
                 self._hangs_ended[event.thread_id] = event
             self.events += 1
@@ -283,6 +290,8 @@ class Summary:
             if len(touched) > 1:  # one step, several rows: each shows the whole step's time
                 for key in touched:
                     self._rows[key].shared = True
+        finally:
+            _release(self._lock)
 
     def _row(
         self, key: tuple[str, str], name: str, event: SlowTaskEvent, touched: set[tuple[str, str]], trace: str
@@ -304,8 +313,11 @@ class Summary:
 
     def rows(self) -> list[SiteStats]:
         """The rows, most loop time lost first."""
-        with self._lock:
+        _acquire(self._lock)
+        try:
             rows = list(self._rows.values())
+        finally:
+            _release(self._lock)
         return sorted(rows, key=lambda r: (-r.total_ms, -r.count, r.call_site, r.kind))
 
     def worst_level(self, *, new_only: bool = False) -> str | None:
@@ -324,8 +336,11 @@ class Summary:
 
     def hangs(self) -> list[tuple[SlowTaskEvent, SlowTaskEvent | None]]:
         """Each hung step's latest hang report, with its final event if it ended since (else None)."""
-        with self._lock:
+        _acquire(self._lock)
+        try:
             return [(report, self._hangs_ended.get(thread)) for thread, report in self._hangs.items()]
+        finally:
+            _release(self._lock)
 
     def render_hangs(self) -> str:
         """The hung loops first: each one's latest report, still hung ones first ("" if none hung)."""

@@ -33,6 +33,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 logger = logging.getLogger("aiocop")
+# aiocop's own lock is taken with the lock type's C methods: `with lock:` would
+# pass through aiocop's Python wrapper of `__enter__` on a loop's thread (issue 26).
+_acquire, _release = _forksafe.acquire, _forksafe.release
+# weakref.ref(loop) without a callback: the loop's one shared reference, made once.
+_ref = weakref.ref
 
 # What a loop's thread spends around each tick besides the probe's own
 # callback (woken from its selector, the timer popped, the handle run, the
@@ -62,13 +67,17 @@ class DelayProbe:
     def __init__(self, interval: float, record: Callable[[float], None]) -> None:
         self.interval = interval
         self._record = record
-        # id(loop) -> (the loop, weakly; the token its pending timer carries).
+        # Keyed by a weak reference to the loop (it hashes and compares as
+        # the loop while the loop lives, and keeps it from nothing), not by
+        # id(loop): id() is an audited builtin, each call of it a round
+        # through every audit hook, and a tick looks its loop up several times.
+        # loop -> (the loop, weakly; the token its pending timer carries).
         # A timer whose token is no longer its loop's entry stops there: the
         # loop stopped (and may run again, with a new probe), or the probe
         # was stopped.
-        self._ticking: dict[int, tuple[weakref.ref[AbstractEventLoop], object]] = {}
-        # id(loop) -> the last tick's lateness, not recorded yet: (its window's start and end, its thread).
-        self._unsettled: dict[int, tuple[float, float, int]] = {}
+        self._ticking: dict[weakref.ref[AbstractEventLoop], tuple[weakref.ref[AbstractEventLoop], object]] = {}
+        # loop -> the last tick's lateness, not recorded yet: (its window's start and end, its thread).
+        self._unsettled: dict[weakref.ref[AbstractEventLoop], tuple[float, float, int]] = {}
         # Recent stalls: (thread, start, end), perf_counter() times.
         self._stalls: deque[tuple[int, float, float]] = deque(maxlen=256)
         self._lock = _forksafe.lock()
@@ -79,7 +88,7 @@ class DelayProbe:
         """A stall of the loop of `thread_id` held it from `start` to `end` (perf_counter()), recorded whole."""
         self._stalls.append((thread_id, start, end))
 
-    def _settle(self, key: int) -> None:
+    def _settle(self, key: weakref.ref[AbstractEventLoop]) -> None:
         unsettled = self._unsettled.pop(key, None)
         if unsettled is None:
             return
@@ -93,8 +102,11 @@ class DelayProbe:
 
     def start(self) -> None:
         """Probe every loop running now and every loop that starts from now on."""
-        with self._lock:
+        _acquire(self._lock)
+        try:
             self._running = True
+        finally:
+            _release(self._lock)
         _loops.listeners = (*_loops.listeners, self)
         for watch in list(_loops.watches.values()):
             loop = watch.loop
@@ -104,26 +116,33 @@ class DelayProbe:
     def stop(self) -> None:
         """Stop probing: each loop's pending timer, when it runs, schedules no other."""
         _loops.listeners = tuple(listener for listener in _loops.listeners if listener is not self)
-        with self._lock:
+        _acquire(self._lock)
+        try:
             self._running = False
             self._ticking.clear()
             self._unsettled.clear()
+        finally:
+            _release(self._lock)
 
     def probing(self, loop: AbstractEventLoop) -> bool:
-        entry = self._ticking.get(id(loop))
+        entry = self._ticking.get(_ref(loop))
         return entry is not None and entry[0]() is loop
 
     # _loops.LoopListener
 
     def loop_started(self, loop: AbstractEventLoop) -> None:
         token = object()
-        with self._lock:
+        _acquire(self._lock)
+        try:
             if not self._running or self.probing(loop):
                 return
             # Loops gone without a stop aiocop saw (found running, then collected) leave entries: dropped here.
             for key in [k for k, (ref, _) in self._ticking.items() if ref() is None]:
                 del self._ticking[key]
-            self._ticking[id(loop)] = (weakref.ref(loop), token)
+            key = _ref(loop)
+            self._ticking[key] = (key, token)
+        finally:
+            _release(self._lock)
         # From any thread (a loop found running by the watchdog, or the one
         # that called instrument()): the only call a loop takes from anywhere.
         try:
@@ -132,22 +151,28 @@ class DelayProbe:
             self._forget(loop, token)
 
     def loop_stopped(self, loop: AbstractEventLoop) -> None:
-        with self._lock:
-            entry = self._ticking.get(id(loop))
+        _acquire(self._lock)
+        try:
+            entry = self._ticking.get(_ref(loop))
             if entry is not None and entry[0]() is loop:
-                del self._ticking[id(loop)]
-        self._settle(id(loop))
+                del self._ticking[_ref(loop)]
+        finally:
+            _release(self._lock)
+        self._settle(_ref(loop))
 
     # On the loop's thread
 
     def _current(self, loop: AbstractEventLoop, token: object) -> bool:
-        entry = self._ticking.get(id(loop))
+        entry = self._ticking.get(_ref(loop))
         return entry is not None and entry[1] is token
 
     def _forget(self, loop: AbstractEventLoop, token: object) -> None:
-        with self._lock:
+        _acquire(self._lock)
+        try:
             if self._current(loop, token):
-                del self._ticking[id(loop)]
+                del self._ticking[_ref(loop)]
+        finally:
+            _release(self._lock)
 
     def _arm(self, loop: AbstractEventLoop, token: object) -> None:
         if not self._current(loop, token):
@@ -189,8 +214,8 @@ class DelayProbe:
         # (freezegun's fake monotonic): never later than aiocop's own clock
         # says the timer has been waiting.
         late = min(late, max(now - armed - self.interval, 0.0))
-        self._settle(id(loop))
-        self._unsettled[id(loop)] = (now - late, now, get_ident())
+        self._settle(_ref(loop))
+        self._unsettled[_ref(loop)] = (now - late, now, get_ident())
         self._arm(loop, token)
 
 
