@@ -82,7 +82,7 @@ if TYPE_CHECKING:
         calculate_io_severity_score,
         get_severity_level_from_score,
     )
-    from aiocop._reporting.delivery import format_blocking_event
+    from aiocop._reporting.building import format_blocking_event
     from aiocop._reporting.logs import LoggingCallback, log_events
 del TYPE_CHECKING  # not a public name
 
@@ -128,7 +128,7 @@ _LAZY: dict[str, str] = {
     "ConfigError": "aiocop._configuration.config",
     "ProjectConfig": "aiocop._configuration.config",
     "load_config": "aiocop._configuration.config",
-    "format_blocking_event": "aiocop._reporting.delivery",
+    "format_blocking_event": "aiocop._reporting.building",
     "BlockingEventInfo": "aiocop._model.events",
     "CpuStackSample": "aiocop._model.events",
     "RawBlockingEvent": "aiocop._model.events",

@@ -59,7 +59,7 @@ from aiocop._model import state as _state
 from aiocop._model.events import is_hang_report
 from aiocop._model.severity import THRESHOLD_HIGH, THRESHOLD_MEDIUM, get_severity_level_from_score
 from aiocop._reporting import hangs as _hangs
-from aiocop._reporting.delivery import record_call, record_site, step_view
+from aiocop._reporting.building import record_call, record_site, step_view
 from aiocop._reporting.sites import FILE, FUNCTION, LINE, OTHER, Attributes, RateLimit, SiteTable
 from aiocop._stalls import settings as _settings
 from aiocop._stalls import watchdog as _watchdog

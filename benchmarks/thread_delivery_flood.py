@@ -28,6 +28,7 @@ import time
 
 import aiocop
 from aiocop._reporting import delivery as _delivery
+from aiocop._reporting.worker import MAX_PENDING
 
 
 def rss_mib() -> float:
@@ -85,7 +86,7 @@ def main() -> None:
     time.sleep(2.0)
     dropped = _delivery._worker.dropped - dropped_before
 
-    print(f"{args.steps} steps in {ran:.1f} s, callback {args.callback_ms} ms, queue capacity {_delivery.MAX_PENDING}")
+    print(f"{args.steps} steps in {ran:.1f} s, callback {args.callback_ms} ms, queue capacity {MAX_PENDING}")
     print("resident memory (MiB) by step: " + ", ".join(f"{step}: {mib:.0f}" for step, mib in samples))
     print(f"delivered {delivered}, dropped {dropped}, delivered + dropped = {delivered + dropped}")
     print(f"stop() took {stop_took:.2f} s; callbacks started after stop() returned: {after_stop}")

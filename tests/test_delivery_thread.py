@@ -20,6 +20,7 @@ import pytest
 
 import aiocop
 from aiocop._reporting import delivery as _delivery
+from aiocop._reporting import worker as _delivery_worker
 from tests.conftest import ROOT, reset_aiocop
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def test_the_queue_holds_at_most_its_capacity_in_steps_and_counts_the_rest(
 ) -> None:
     # Batches of 50 steps against a capacity of 20: the bound is in steps,
     # not in batches, and every step is either delivered or counted.
-    monkeypatch.setattr(_delivery, "MAX_PENDING", 20)
+    monkeypatch.setattr(_delivery_worker, "MAX_PENDING", 20)
     release = threading.Event()
     delivered: list[int] = []
     high_water: list[int] = []
@@ -83,7 +84,7 @@ def test_the_queue_holds_at_most_its_capacity_in_steps_and_counts_the_rest(
 def test_no_callback_starts_after_stop_returns(monkeypatch: pytest.MonkeyPatch) -> None:
     # More queued than stop() has time to deliver: it delivers for DRAIN_S,
     # waits for the callback running then, and drops the rest.
-    monkeypatch.setattr(_delivery, "DRAIN_S", 0.2)
+    monkeypatch.setattr(_delivery_worker, "DRAIN_S", 0.2)
     starts: list[float] = []
 
     def exporter(event: aiocop.SlowTaskEvent) -> None:
@@ -107,8 +108,8 @@ def test_a_callback_that_never_returns_does_not_hold_stop(
 ) -> None:
     # The callback running when stop()'s time is up is waited for, within a
     # bound: then stop() returns, says so, and still no other callback starts.
-    monkeypatch.setattr(_delivery, "DRAIN_S", 0.1)
-    monkeypatch.setattr(_delivery, "_CALLBACK_WAIT_S", 0.2)
+    monkeypatch.setattr(_delivery_worker, "DRAIN_S", 0.1)
+    monkeypatch.setattr(_delivery_worker, "_CALLBACK_WAIT_S", 0.2)
     release = threading.Event()
     calls: list[int] = []
 

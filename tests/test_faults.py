@@ -150,8 +150,9 @@ def test_a_callback_slower_than_the_events_bounds_the_queue_and_stop_means_stopp
     # exporter): the queue stays bounded, what cannot wait is dropped and
     # counted in a warning, and once stop() returns no callback runs.
     from aiocop._reporting import delivery as _delivery
+    from aiocop._reporting import worker as _delivery_worker
 
-    monkeypatch.setattr(_delivery, "MAX_PENDING", 20)
+    monkeypatch.setattr(_delivery_worker, "MAX_PENDING", 20)
     aiocop.start_blocking_io_detection(delivery="thread")
     aiocop.clear_slow_task_callbacks()
     delivered: list[str] = []

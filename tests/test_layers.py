@@ -73,6 +73,8 @@ LAYERS: list[dict[str, list[str]]] = [
     {
         "aiocop._reporting": [
             "aiocop._reporting.delivery",
+            "aiocop._reporting.building",
+            "aiocop._reporting.worker",
             "aiocop._reporting.hangs",
             "aiocop._reporting.report",
             "aiocop._reporting.logs",

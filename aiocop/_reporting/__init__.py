@@ -1,6 +1,8 @@
 """Events delivered and shown: from a step's raw records to callbacks, logs, summaries and pictures.
 
-- `delivery`: building each step's `SlowTaskEvent` and handing it to the callbacks.
+- `delivery`: who delivers each step's event, and when: on the loop after its iteration, or off it.
+- `building`: a step's raw records (and the watchdog's stall) made into a `SlowTaskEvent`, lazily.
+- `worker`: the delivery thread and its bounded queue (`delivery="thread"`, and stopped loops' leftovers).
 - `hangs`: hung loops, reported while they hang.
 - `report`: events as text and plain data (shared by logs, the CLI and the pytest plugin).
 - `logs`: the standard `logging` callback and its per-call-site rate limit.

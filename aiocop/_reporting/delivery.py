@@ -3,363 +3,64 @@
 Delivery normally happens on the loop's thread, in the callback the hook
 scheduled with `loop.call_soon` at the step's first blocking call. With
 `delivery="thread"`, or when a loop stopped before that callback could run,
-a worker thread delivers instead.
+a worker thread delivers instead (`worker`). The event itself is built by
+`building`; this module decides who delivers which step, and when: claiming
+a loop's batch once its iteration is over, handing the watchdog's stalls to
+the io event of the same step (or reporting them alone), and delivering
+what a stopping loop leaves behind before its run returns.
+
+May import: aiocop._common, aiocop._model, aiocop._interception, aiocop._stalls, and building and worker.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import contextvars
-import logging
 import os
 import sys
 import threading
-import weakref
-from queue import SimpleQueue
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from aiocop._common import clock as _clock
 from aiocop._common import forksafe as _forksafe
-from aiocop._common.clock import elapsed, monotonic, perf_counter
+from aiocop._common.clock import perf_counter
 from aiocop._interception import harmless as _harmless
 from aiocop._interception import hook as _hook
 from aiocop._interception import loops as _loops
-from aiocop._interception.frames import format_frame, is_app_file, is_internal_file
 from aiocop._model import callbacks as _callbacks
 from aiocop._model import state as _state
-from aiocop._model.events import BlockingEventInfo, CpuStackSample, RawBlockingEvent, SlowTaskEvent
-from aiocop._model.exceptions import HighSeverityBlockingIoException
-from aiocop._model.severity import get_severity_level_from_score, impact_level
+from aiocop._model.events import SlowTaskEvent
+from aiocop._reporting import building as _building
+from aiocop._reporting import worker as _worker_module
 from aiocop._stalls import attribution as _attribution
-from aiocop._stalls import settings as _settings
 from aiocop._stalls import timing as _timing
 from aiocop._stalls import watchdog as _watchdog
 
 if TYPE_CHECKING:
-    from asyncio import AbstractEventLoop, Task
+    import contextvars
+    from asyncio import AbstractEventLoop
     from collections.abc import Callable
-    from types import CodeType
 
-    from aiocop._interception.hook import Record, StepGroup
+    from aiocop._interception.hook import StepGroup
     from aiocop._interception.loops import LoopWatch
     from aiocop._stalls.attribution import Stall
 
-logger = logging.getLogger("aiocop")
 
-_MAX_ARG_CHARS = 100
-
-
-# Events whose arguments are shown in part: an import's are the module's name,
-# its file, and the live sys.path, sys.meta_path and sys.path_hooks (hundreds
-# of characters that say nothing of the call).
-_SHOWN_ARGS: dict[str, int] = {"import": 1}
+# Bound once: _deliver runs once per step, on the loop's thread (a module attribute is a look-up more).
+_new_object, _set_attribute = _building.new_object, _building.set_attribute
+_step_fields, _NO_CONTEXT = _building.step_fields, _building.NO_CONTEXT
 
 
-def _format_args(args: tuple[Any, ...], event: str = "") -> str:
-    shown = _SHOWN_ARGS.get(event)
-    if shown is not None:
-        args = args[:shown]
-    parts = []
-    for arg in args:
-        try:
-            text = arg if isinstance(arg, str) else repr(arg)
-        except Exception:
-            text = f"<{type(arg).__name__}>"
-        parts.append(text if len(text) <= _MAX_ARG_CHARS else text[: _MAX_ARG_CHARS - 3] + "...")
-    return ", ".join(parts)
-
-
-def _info(
-    event: str,
-    args_text: str,
-    frames: list[tuple[str, int, str]],
-    texts: list[str],
-    site: str | None,
-    severity: int | None,
-) -> BlockingEventInfo:
-    return {
-        "event": f"{event}({args_text})",
-        "trace": " <- ".join(texts),
-        "entry_point": site or (texts[0] if texts else "unknown"),
-        "severity": severity,
-        "name": event,
-        "args": args_text,
-        "frames": frames,
-    }
-
-
-# (file, first line, function, f_lasti) -> (frame tuple, text). Not keyed by the
-# code object, whose hash covers all its constants, nor by id(), which is an
-# audited call.
-_frame_cache: dict[tuple[str, int, str, int], tuple[tuple[str, int, str], str]] = {}
-_FRAME_CACHE_SIZE = 8192
-
-
-def _frame(code: CodeType, lasti: int) -> tuple[tuple[str, int, str], str]:
-    """A captured frame as a `(filename, lineno, function)` tuple and as text (cached per code location)."""
-    key = (code.co_filename, code.co_firstlineno, code.co_name, lasti)
-    entry = _frame_cache.get(key)
-    if entry is not None:
-        return entry
-    line: int = code.co_firstlineno
-    for start, end, number in code.co_lines():
-        if start <= lasti < end:
-            line = line if number is None else int(number)
-            break
-    frame = (code.co_filename, line, code.co_name)
-    text = format_frame(frame)
-    if len(_frame_cache) >= _FRAME_CACHE_SIZE:
-        _frame_cache.clear()
-    _frame_cache[key] = (frame, text)
-    return frame, text
-
-
-def format_record(record: Record, wall_offset: float | None = None, raised: bool = False) -> BlockingEventInfo:
-    event, args, trace, site, timestamp, weight, app = record
-    pairs = [_frame(code, lasti) for code, lasti in trace]
-    site_text = _frame(*site)[1] if site is not None else None
-    info = _info(event, _format_args(args, event), [p[0] for p in pairs], [p[1] for p in pairs], site_text, weight)
-    info["app_site"] = _frame(*app)[1] if app is not None else info["entry_point"]
-    if wall_offset is None:
-        wall_offset = _clock.time() - perf_counter()
-    info["timestamp"] = timestamp + wall_offset
-    info["raised"] = raised
-    return info
-
-
-def record_site(record: Record) -> str:
-    """A record's `app_site` alone, as `format_record` gives it (cheap: frames are formatted once per line)."""
-    _, _, trace, site, _, _, app = record
-    if app is not None:
-        return _frame(*app)[1]
-    if site is not None:
-        return _frame(*site)[1]
-    return _frame(*trace[0])[1] if trace else "unknown"
-
-
-def record_call(record: Record) -> tuple[str, str]:
-    """A record's event name, and the call as `BlockingEventInfo["event"]` shows it."""
-    event, args = record[0], record[1]
-    return event, f"{event}({_format_args(args, event)})"
-
-
-def format_blocking_event(raw_event: RawBlockingEvent) -> BlockingEventInfo:
-    """Format a raw 1.x-style event into a `BlockingEventInfo`.
-
-    Args:
-        raw_event: A `RawBlockingEvent` (event name, raw arguments, raw stack
-            of `(filename, lineno, function)` tuples innermost first, ...).
-    """
-    if not isinstance(raw_event, dict):
-        raise TypeError(f"raw_event must be a RawBlockingEvent dict, not {type(raw_event).__name__}")
-    missing = [key for key in RawBlockingEvent.__annotations__ if key not in raw_event]
-    if missing:
-        raise TypeError(f"raw_event lacks the RawBlockingEvent key(s) {missing}")
-    args = raw_event["raw_args"]
-    if not isinstance(args, (tuple, list)):
-        raise TypeError(f"raw_event['raw_args'] must be a tuple of the call's arguments, not {args!r}")
-    if len(args) == 2 and isinstance(args[0], tuple) and isinstance(args[1], dict):
-        args = args[0]  # 1.x wrappers passed (args, kwargs)
-    stack = raw_event["raw_stack"]
-    if not isinstance(stack, (tuple, list)) or not all(
-        isinstance(frame, (tuple, list)) and len(frame) == 3 for frame in stack
-    ):
-        raise TypeError(f"raw_event['raw_stack'] must be a list of (filename, lineno, function) tuples, not {stack!r}")
-    if not isinstance(raw_event["event_name"], str):
-        raise TypeError(f"raw_event['event_name'] must be a string, not {raw_event['event_name']!r}")
-    frames = list(stack)
-    texts = [format_frame(f) for f in frames]
-    name = raw_event["event_name"]
-    info = _info(name, _format_args(tuple(args), name), frames, texts, None, raw_event["severity"])
-    info["timestamp"] = raw_event["timestamp"]
-    return info
-
-
-def _loop_name(loop: object) -> str:
-    # object.__repr__ gives the address without calling id() (an audited call).
-    cls = type(loop)
-    address = object.__repr__(loop).rpartition(" at ")[2].rstrip(">")
-    return f"{cls.__module__}.{cls.__qualname__}@{address}"
-
-
-def format_samples(samples: list[tuple[tuple[tuple[CodeType, int], ...], int]]) -> list[CpuStackSample]:
-    formatted: list[CpuStackSample] = []
-    for stack, count in samples:
-        pairs = [_frame(code, lasti) for code, lasti in stack]
-        texts = [p[1] for p in pairs]
-        user = next((p[1] for p in pairs if not is_internal_file(p[0][0])), texts[0] if texts else "unknown")
-        app = next((p[1] for p in pairs if not is_internal_file(p[0][0]) and is_app_file(p[0][0])), user)
-        frames = [p[0] for p in pairs]
-        formatted.append(
-            {"trace": " <- ".join(texts), "entry_point": user, "count": count, "frames": frames, "app_site": app}
-        )
-    return formatted
-
-
-class _Origin:
-    """What a batch of events shares: its loop (named when first asked), clock offset and threshold."""
-
-    __slots__ = ("loop_ref", "loop_type", "threshold_ms", "wall_offset")
-
-    def __init__(self, loop: object, wall_offset: float | None = None) -> None:
-        self.wall_offset = _clock.time() - perf_counter() if wall_offset is None else wall_offset
-        self.threshold_ms = _state.config.threshold_ms
-        if isinstance(loop, str):  # already named (the watchdog names loops when they start)
-            self.loop_type: Any = loop
-            self.loop_ref: Any = None
-        else:
-            self.loop_type = type(loop)
-            self.loop_ref = weakref.ref(loop)
-
-    def loop_name(self) -> str:
-        cls = self.loop_type
-        if isinstance(cls, str):
-            return cls
-        loop = self.loop_ref()
-        return _loop_name(loop) if loop is not None else f"{cls.__module__}.{cls.__qualname__}@(gone)"
-
-
-def _step_fields(
-    origin: _Origin, group: StepGroup, context: dict[str, Any] | None, task_name: str | Task[Any] | None, reason: str
-) -> dict[str, Any]:
-    """An event's fields, computed when one is first read (see `SlowTaskEvent.__getattr__`).
-
-    `task_name`: the name, or the task itself while the event is being
-    delivered (see `_deliver`: its name is asked for only if someone reads it).
-    """
-    if task_name is not None and not isinstance(task_name, str):
-        task_name = task_name.get_name()
-    stall: Stall | None = group.stall
-    elapsed_ms = _elapsed_ms(group)
-    threshold_ms = origin.threshold_ms
-    raised = group.raised
-    events = [format_record(r, origin.wall_offset, r is raised) for r in group.records]
-    samples = format_samples(stall.samples) if stall is not None and _settings.sampling.share_samples else []
-    return {
-        "elapsed_ms": elapsed_ms,
-        "threshold_ms": threshold_ms,
-        "exceeded_threshold": elapsed_ms >= threshold_ms,
-        "severity_score": group.score,
-        "severity_level": get_severity_level_from_score(group.score),
-        "reason": reason,
-        "blocking_events": events,
-        "context": context if context is not None else {},  # None: no provider registered
-        "cpu_stack_samples": samples,
-        "task_name": task_name,
-        "thread_name": group.thread_name,
-        "thread_id": group.thread_id,
-        "loop": origin.loop_name(),
-        "dropped_events": group.dropped,
-        "call_site": events[0]["app_site"] if events else samples[0]["app_site"] if samples else "",
-        "culprit": stall.culprit() if stall is not None else "",
-        "impact": impact_level(group.score, elapsed_ms, threshold_ms),
-        # Reported as a hang while it ran (issue 25): say so, and for how long.
-        "hang_reports": stall.hang_reports if stall is not None else 0,
-        # Never less than a hang report made while it ran said (the two ends are estimated apart).
-        "hung_ms": max(elapsed_ms, stall.hung_s * 1000.0) if stall is not None and stall.hang_reports else 0.0,
-        "ongoing": False,
-        "blocker": "",
-        "blocker_trace": "",
-    }
-
-
-def _elapsed_ms(group: StepGroup) -> float:
-    stall: Stall | None = group.stall
-    # A CPU-bound stall's start (from the thread's CPU clock) can be earlier
-    # than the first blocking call, and then it is the step's; for a wait,
-    # the call's own timestamp is the better bound.
-    start = group.t_first if stall is None or stall.waiting else min(group.t_first, stall.start)
-    return elapsed(start, group.t_end) * 1000.0
-
-
-class StepView(NamedTuple):
-    """What aiocop's own observers read of an event without formatting it (see `step_view`)."""
-
-    elapsed_ms: float
-    exceeded_threshold: bool
-    records: list[Record]  # the step's blocking calls as the hook recorded them
-    dropped: int  # calls past the per-step buffer, not recorded
-    end: float  # perf_counter() when the step was seen to be over
-    thread_id: int
-
-
-def step_view(event: SlowTaskEvent) -> StepView | None:
-    """An event's length and raw calls, read without building its fields; None once they are built.
-
-    Formatting an event (frames, arguments, samples) costs more than the
-    rest of a detected call: a callback that reads a field pays it, once.
-    The OpenTelemetry instrumentor needs only the length, the calls' names,
-    weights and lines: from here, a detected call costs it a few look-ups.
-    """
-    resolve = _resolve_of(event)
-    if resolve is None:
-        return None
-    origin, group = resolve[1], resolve[2]
-    elapsed_ms = _elapsed_ms(group)
-    # tuple.__new__ directly: a named tuple's own __new__ is a Python function.
-    return _new_tuple(
-        StepView,
-        (elapsed_ms, elapsed_ms >= origin.threshold_ms, group.records, group.dropped, group.t_end, group.thread_id),
-    )
-
-
-_new_tuple = tuple.__new__
-_get_attribute = object.__getattribute__
-
-
-def _resolve_of(event: SlowTaskEvent) -> tuple[Any, ...] | None:
-    # The event's recipe, if its fields are not built yet. Read as an
-    # attribute: `event.__dict__` would make the event's dict (its attributes
-    # live inline until someone asks for it), and object.__getattribute__
-    # never falls back to SlowTaskEvent.__getattr__.
-    try:
-        resolve: tuple[Any, ...] = _get_attribute(event, "_resolve")
-    except AttributeError:
-        return None
-    return resolve
-
-
-_new_object = object.__new__
-_set_attribute = object.__setattr__
-_NO_CONTEXT = contextvars.Context()
-
-
-def _lazy_event(
-    origin: _Origin, group: StepGroup, context: dict[str, Any] | None, task_name: str | None, reason: str
-) -> SlowTaskEvent:
-    # SlowTaskEvent is a frozen dataclass (as in 1.x): its generated __init__
-    # is skipped. The event starts with a recipe for its fields only.
-    event = _new_object(SlowTaskEvent)
-    _set_attribute(event, "_resolve", (_step_fields, origin, group, context, task_name, reason))
-    return event
-
-
-def build_stall_event(stall: Stall, task: Any, context: dict[str, Any]) -> SlowTaskEvent:
-    watch = stall.watch
-    group = _hook.StepGroup()
-    group.thread_id = watch.thread_id
-    group.thread_name = watch.thread_name
-    group.records = []
-    group.t_first = stall.start
-    group.t_end = stall.end
-    group.stall = stall  # the score stays 0: as in 1.x, it counts intercepted calls only
-    return _lazy_event(
-        _Origin(watch.loop_name), group, context, task.get_name() if task is not None else None, "cpu_blocking"
-    )
-
-
-def deliver_now(group: StepGroup, origin: _Origin | None = None) -> None:
+def deliver_now(group: StepGroup, origin: _building.Origin | None = None) -> None:
     """Build the event and run providers and callbacks (in the step's context)."""
     state = _hook.current_state()
     was_busy, state.busy = state.busy, True  # a callback's own blocking calls are not reported
     try:
-        _deliver(group, origin if origin is not None else _Origin(group.loop))
+        _deliver(group, origin if origin is not None else _building.Origin(group.loop))
     finally:
         state.busy = was_busy
 
 
-def _deliver(group: StepGroup, origin: _Origin) -> None:
+def _deliver(group: StepGroup, origin: _building.Origin) -> None:
     # deliver_now without the busy flag, which the caller holds. Called once
     # per group, after the step (group.t_end is set).
     if not group.records and not group.dropped:
@@ -371,7 +72,7 @@ def _deliver(group: StepGroup, origin: _Origin) -> None:
         provided = group.provided
         if provided is None and _callbacks._providers:
             provided = _callbacks.capture_context()  # providers registered after the step's first call
-        # _lazy_event, inline (once per step, on the loop's thread). The task
+        # _building.lazy_event, inline (once per step, on the loop's thread). The task
         # itself stands for its name while the callbacks run: get_name()
         # formats a default name ("Task-N") at its first call, 1 800
         # instructions per step on 3.12, for a field few callbacks read.
@@ -392,7 +93,7 @@ def _deliver(group: StepGroup, origin: _Origin) -> None:
         # outlives its delivery: it takes its task's name now, and keeps no
         # task alive. One nobody kept goes with this frame, task and all.
         if task is not None and _refcount(event) > _LOCAL_REFS:
-            resolve = _resolve_of(event)
+            resolve = _building.resolve_of(event)
             if resolve is not None:
                 _set_attribute(event, "_resolve", (*resolve[:4], task.get_name(), *resolve[5:]))
 
@@ -439,7 +140,7 @@ def _flush(batch: list[StepGroup], state: Any) -> None:
         return
     if not _callbacks.listening():
         return  # nobody to tell: no event is built
-    origin = _Origin(claimed[0].loop)  # a batch is one loop's
+    origin = _building.Origin(claimed[0].loop)  # a batch is one loop's
     for group in claimed:
         # Each step's providers and callbacks run in (a copy of) its own context.
         group.context.run(_deliver, group, origin)
@@ -558,7 +259,7 @@ def _report_stall(stall: Stall) -> None:
         state = _hook.current_state()
         was_busy, state.busy = state.busy, True
         try:
-            _callbacks.invoke_callbacks(build_stall_event(stall, task, _callbacks.capture_context()))
+            _callbacks.invoke_callbacks(_building.build_stall_event(stall, task, _callbacks.capture_context()))
         except Exception:
             _hook._internal_error("delivering a stall")
         finally:
@@ -610,12 +311,6 @@ def deliver_stranded(stopping: AbstractEventLoop | None = None) -> None:
                 _worker.submit_call(run)
 
 
-# How long a stopping loop waits for the delivery thread to report its last
-# steps (delivery="thread"): every event reaches its callback before
-# `asyncio.run()` returns, unless a callback is this slow.
-_STOP_WAIT_S = 2.0
-
-
 def _loop_stopping(watch: LoopWatch, stopped: float, cpu: float | None) -> None:
     """Called by a loop's own thread as the loop stops, after its last step.
 
@@ -634,190 +329,9 @@ def _loop_stopping(watch: LoopWatch, stopped: float, cpu: float | None) -> None:
         if loop is not None:
             deliver_stranded(loop)
         if _worker.pending() > queued or (_state.config.delivery == "thread" and queued):
-            _worker.wait(_STOP_WAIT_S)
+            _worker.wait(_worker_module.STOP_WAIT_S)
     finally:
         state.busy = was_busy
-
-
-def make_violation(group: StepGroup) -> HighSeverityBlockingIoException:
-    events = [format_record(r, raised=r is group.raised) for r in group.records]
-    return HighSeverityBlockingIoException(
-        severity_score=group.score,
-        severity_level=get_severity_level_from_score(group.score),
-        elapsed_ms=elapsed(group.t_first, perf_counter()) * 1000.0,
-        threshold_ms=_state.config.threshold_ms,
-        events=events,
-    )
-
-
-# Steps queued for the delivery thread at most (its documented capacity). A
-# callback slower than the events arrive (a network exporter) must not make
-# memory grow without bound: past this, new steps are dropped, counted and
-# logged, never silently.
-MAX_PENDING = 10_000
-_DROP_LOG_INTERVAL_S = 10.0
-# stop() (and the exit) waits this long for the queue to be delivered; what
-# is left then is dropped, counted and logged. A callback running at that
-# moment is waited for, up to _CALLBACK_WAIT_S more: none starts afterwards.
-DRAIN_S = 1.0
-_CALLBACK_WAIT_S = 5.0
-
-
-class _Worker:
-    """A daemon thread that delivers groups off the loop threads, from a bounded queue."""
-
-    def __init__(self) -> None:
-        # Items: groups to deliver, stall reports (calls), or an Event to set
-        # once everything queued before it has been handled (see drain).
-        self._queue: SimpleQueue[list[StepGroup] | threading.Event | Callable[[], None]] = SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = _forksafe.lock()
-        self._queued = 0  # steps put, under _lock
-        self._handled = 0  # steps taken and handled (or dropped): written by the worker thread only
-        # Set by drain() when out of time: every item queued before this
-        # marker is dropped, not delivered. Cleared by the worker alone, as it
-        # reaches the marker: nothing queued before stop() runs after it.
-        self._discard_until: threading.Event | None = None
-        self.dropped = 0  # steps dropped, since the process started
-        self._dropped_logged = 0
-        self._last_drop_log = 0.0
-
-    def pending(self) -> int:
-        return self._queued - self._handled
-
-    def submit(self, groups: list[StepGroup]) -> None:
-        if self._thread is None:
-            self._start()
-        with self._lock:
-            room = MAX_PENDING - (self._queued - self._handled)
-            kept = groups if len(groups) <= room else groups[: max(room, 0)]
-            self.dropped += len(groups) - len(kept)
-            self._queued += len(kept)
-        if kept:
-            self._queue.put(kept)
-        if len(kept) < len(groups):
-            self._log_dropped(at_most_every=_DROP_LOG_INTERVAL_S)
-
-    def submit_call(self, call: Callable[[], None]) -> None:
-        if self._thread is None:
-            self._start()
-        with self._lock:
-            full = self._queued - self._handled >= MAX_PENDING
-            if full:
-                self.dropped += 1
-            else:
-                self._queued += 1
-        if full:
-            self._log_dropped(at_most_every=_DROP_LOG_INTERVAL_S)
-        else:
-            self._queue.put(call)
-
-    def _log_dropped(self, at_most_every: float = 0.0) -> None:
-        now = monotonic()
-        new = self.dropped - self._dropped_logged
-        if new <= 0 or now - self._last_drop_log < at_most_every:
-            return
-        self._dropped_logged, self._last_drop_log = self.dropped, now
-        logger.warning(
-            "aiocop: %d event(s) dropped (%d in all): the slow-task callbacks run slower than events arrive "
-            "(delivery='thread' keeps at most %d waiting, and stop() delivers for %.0f s); make them faster, "
-            "or sample fewer requests",
-            new,
-            self.dropped,
-            MAX_PENDING,
-            DRAIN_S,
-        )
-
-    def _start(self) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="aiocop-delivery", daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _SHUTDOWN:
-                return
-            if isinstance(item, threading.Event):
-                if item is self._discard_until:
-                    self._discard_until = None
-                item.set()
-                continue
-            steps = 1 if callable(item) else len(item)
-            try:
-                if self._discard_until is not None:
-                    with self._lock:  # loop threads count their drops too (in submit)
-                        self.dropped += steps
-                else:
-                    self._handle(item)
-            except BaseException:  # this thread must outlive anything a delivery raises
-                _hook._internal_error("delivering off the loop")
-            finally:
-                self._handled += steps
-
-    def _handle(self, item: list[StepGroup] | Callable[[], None]) -> None:
-        if callable(item):
-            item()
-            return
-        for group in item:
-            if not group.t_end:
-                group.t_end = perf_counter()
-            # A copy: the loop thread may still be inside the original.
-            group.context.copy().run(deliver_now, group)
-
-    def wait(self, timeout: float) -> bool:
-        """Wait until what is queued now has been handled; False if `timeout` passed first."""
-        thread = self._thread
-        if thread is None or not thread.is_alive() or thread is threading.current_thread():
-            return False
-        done = threading.Event()
-        self._queue.put(done)
-        return done.wait(timeout)
-
-    def drain(self, timeout: float = DRAIN_S) -> None:
-        """Deliver what is queued, within `timeout`; drop (count, log) what is left; no callback starts after.
-
-        The callback running when time is up is waited for (up to
-        `_CALLBACK_WAIT_S`): returns within `timeout` plus that callback.
-        Then deliver what was never scheduled, on this thread.
-        """
-        thread = self._thread
-        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
-            done = threading.Event()
-            self._queue.put(done)
-            if not done.wait(timeout):
-                # Out of time: the rest, up to the marker, is dropped by the
-                # worker (quickly); only the callback running now is waited for.
-                self._discard_until = done
-                if done.is_set():  # the worker reached the marker meanwhile: nothing left to drop
-                    self._discard_until = None
-                elif not done.wait(_CALLBACK_WAIT_S):
-                    logger.warning(
-                        "aiocop: a slow-task callback has been running for over %.0f s; stop() returns without "
-                        "waiting for it (no other callback will start)",
-                        timeout + _CALLBACK_WAIT_S,
-                    )
-        self._log_dropped()
-        for group in _claim_all(list(_hook.unclaimed)):
-            if not group.t_end:
-                group.t_end = perf_counter()
-            group.context.copy().run(deliver_now, group)
-
-    def shutdown(self) -> None:
-        """End the thread once what is queued has been handled (an attach session leaving its target)."""
-        with self._lock:
-            thread, self._thread = self._thread, None
-        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
-            self._queue.put(_SHUTDOWN)  # type: ignore[arg-type]
-            thread.join(_STOP_WAIT_S)
-
-    def reinit_after_fork(self) -> None:
-        self.__init__()  # type: ignore[misc]
-
-
-_SHUTDOWN = object()
-_worker = _Worker()
 
 
 def _claim_all(groups: list[StepGroup]) -> list[StepGroup]:
@@ -848,7 +362,10 @@ def _orphans(groups: list[StepGroup], at_boundary: bool) -> None:
         return
     _worker.submit(claimed)
     if here:
-        _worker.wait(_STOP_WAIT_S)
+        _worker.wait(_worker_module.STOP_WAIT_S)
+
+
+_worker = _worker_module.Worker(deliver_now, _claim_all)
 
 
 def drain() -> None:
@@ -860,7 +377,7 @@ _hook.flush_callback = flush
 _watchdog.report_stall = _report_stall
 _watchdog.attach_to_io = _attach_to_io
 _hook.orphan_handler = _orphans
-_hook.make_violation = make_violation
+_hook.make_violation = _building.make_violation
 _loops.on_stop = _loop_stopping
 atexit.register(drain)
 

@@ -32,7 +32,7 @@ from aiocop._interception.frames import Kind
 from aiocop._model import callbacks as _callbacks
 from aiocop._model import state as _state
 from aiocop._model.events import SlowTaskEvent
-from aiocop._reporting import delivery as _delivery
+from aiocop._reporting import building as _building
 from aiocop._stalls import attribution as _attribution
 from aiocop._stalls import culprit as _culprit
 from aiocop._stalls import settings as _settings
@@ -208,7 +208,7 @@ def _thread_trace(ident: int) -> str:
     texts: list[str] = []
     while frame is not None and len(texts) < _MAX_BLOCKER_DEPTH:
         if _frames.frame_kind(frame) != Kind.AIOCOP:
-            texts.append(_delivery._frame(frame.f_code, frame.f_lasti)[1])
+            texts.append(_building.frame_of(frame.f_code, frame.f_lasti)[1])
         frame = frame.f_back
     return " <- ".join(texts)
 
@@ -219,7 +219,7 @@ def _thread_trace(ident: int) -> str:
 def build_event(hang: Hang) -> SlowTaskEvent:
     """The `reason="hang"` event of a report (reads source lines: off the watchdog's thread)."""
     stack = [(hang.stack, 1)] if hang.stack else []
-    samples = _delivery.format_samples(stack)
+    samples = _building.format_samples(stack)
     elapsed_ms = hang.elapsed_s * 1000.0
     task = hang.task.task
     return SlowTaskEvent(

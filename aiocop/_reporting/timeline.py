@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import aiocop
 from aiocop._common import forksafe as _forksafe
 from aiocop._common.clock import perf_counter
-from aiocop._reporting.delivery import step_view
+from aiocop._reporting.building import step_view
 from aiocop._reporting.report import STALL, app_site, call_site, source_line
 
 if TYPE_CHECKING:

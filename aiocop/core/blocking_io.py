@@ -4,7 +4,7 @@ from aiocop._api import reset_blocking_events, start_blocking_io_detection
 from aiocop._interception.frames import format_frame as format_stack_frame
 from aiocop._interception.rules import get_blocking_events_dict
 from aiocop._model.state import Config
-from aiocop._reporting.delivery import format_blocking_event
+from aiocop._reporting.building import format_blocking_event
 
 # 1.x's module constants, as they stand when this module is imported (the
 # live table is `aiocop.get_blocking_events_dict()` / `aiocop.BLOCKING_CALLS`).
