@@ -53,6 +53,7 @@ import logging
 import sys
 import weakref
 from asyncio import BaseEventLoop
+from asyncio.selector_events import BaseSelectorEventLoop
 from types import FunctionType, MethodType
 from typing import TYPE_CHECKING, Any
 
@@ -248,7 +249,9 @@ def _only_own(loop: Any, events: Any) -> bool:
         # Only the loop's self-pipe (the wake-up of call_soon_threadsafe): its
         # callbacks are in _ready already, looked at below. A proactor's
         # events (Windows) are not told apart: a wake-up.
-        ssock = getattr(loop, "_ssock", None)
+        if not issubclass(type(loop), BaseSelectorEventLoop):
+            return False
+        ssock = loop._ssock
         if ssock is None:
             return False
         own_fd = ssock.fileno()
