@@ -144,11 +144,16 @@ def _install(watch: LoopWatch, wake: Callable[[], None]) -> None:
     started = thread_time()
     if not watch.armed:
         return  # disarmed meanwhile
+    # aiocop's own callback, as the probe's tick is: a look that lands in it
+    # sees no step of the loop's (which would disarm it: step_seen).
+    watch.own = True
     try:
         placed = _set_profile(watch, wake, started) if PROFILE else _wrap_select(watch, wake)
     except Exception:
         _failed(watch, "could not arm")
         placed = False
+    finally:
+        watch.own = False
     if not placed:
         # Left unarmed for good: the watchdog looks at it at the threshold-bound
         # rate, which it learns now rather than after its long sleep.
