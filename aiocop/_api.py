@@ -159,11 +159,10 @@ def start_cpu_sampling(
             anything for half a second (default 100 ms; while loops are active
             the watchdog looks every 4 ms). Each idle loop wakes the watchdog
             as it wakes, so a stall after such a quiet spell is seen all the
-            same; on a loop whose thread already has a profile function (a
-            profiler, a debugger), which cannot be armed, a stall shorter than
-            this that starts right after a quiet spell can go unseen
-            (intercepted calls are always caught), and 25 ms closes that gap at
-            about twice the idle cost.
+            same; while a loop that cannot be armed runs (one written in C, on
+            Python 3.12+; on 3.10 and 3.11 one whose thread already has a
+            profile function), the quiet looks come every half threshold
+            instead, if that is sooner.
         max_samples_per_slice: Samples kept per stall.
         trace_depth: Frames kept per sample.
     """

@@ -109,6 +109,11 @@ def frame_kind(frame: FrameType) -> Kind:
     """Classify a frame by its module (cached per module name)."""
     module_globals = frame.f_globals
     name = module_globals.get("__name__")
+    if type(name) is not str:
+        # exec()/eval() with bare globals, or a `__name__` that is not a plain
+        # string: unhashable (a list) it would raise here, and a str subclass
+        # could run the application's code in a dict lookup.
+        return Kind.USER
     kind = _module_kinds.get(name)
     if kind is None:
         kind = _classify(name, module_globals)

@@ -6,7 +6,7 @@
 - `stacks`: which step a loop thread's stack is in, and the samples taken of it.
 - `attribution`: a finished stall, its task and what the loop was doing.
 - `discovery`: loops aiocop was not told about, found stepping from a thread's stack.
-- `tripwire`: a profile function on an idle loop's thread that wakes the watchdog as the loop wakes.
+- `tripwire`: wakes the watchdog as an idle loop wakes (its selector's select on 3.12+, a profile function before).
 - `probe`: how late each loop runs its timers (the delay histogram).
 - `culprit`: naming what a stalled loop was doing, from a sample.
 

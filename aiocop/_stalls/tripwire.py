@@ -4,37 +4,57 @@ After half a second of quiet the watchdog looks only every
 `idle_interval_ms` (each wake-up of its thread is its main cost). A stall
 that began and ended between two such looks went unseen: a 45 ms stall at
 a 30 ms threshold after a quiet second was missed about half the time. A
-faster rate bound by the threshold would cost several times the idle
-budget, so the loop tells the watchdog instead, as it wakes.
+faster rate bound by the threshold costs several times the idle budget, so
+where it can, the loop tells the watchdog instead, as it wakes.
 
 As the watchdog goes to its long sleep it arms each idle loop: one callback
 (`call_soon_threadsafe`, the only call every loop takes from another thread)
-installs a profile function on the loop's own thread. The loop then waits in
-its selector and runs no Python code: the function costs nothing while the
-loop is idle. An event after the thread has been off its CPU (it slept in
-its selector, whatever the loop is written in) marks the moment the loop
-woke; at the first event after that in a frame that is not the loop's own
-(asyncio's, the selector's) nor aiocop's, the application's work has begun:
-the function removes itself, and wakes the watchdog, which looks at the loop
-while that step runs, at the rate of a busy loop, and times it from the
-moment the loop woke. aiocop's own callbacks on the loop (the loop-delay
-probe's tick, every half second) pass through without tripping it: taking
-the function off and putting it back for each tick cost more than the tick
-(each `sys.setprofile` makes Python 3.12+ re-instrument the code that runs
-next). A loop that runs `_MAX_EVENTS` events without sleeping trips it too:
-the function is never left on a busy loop's thread.
+sets the tripwire up on the loop's own thread. How depends on the Python:
 
-A thread that already has a profile function (a profiler, a debugger) is
-not armed: such a loop keeps the idle looks and their window
-(docs/concepts/watchdog.md). `sys.setprofile` raises the `sys.setprofile`
-audit event on each arming and trip.
+- Up to 3.11, a profile function (`sys.setprofile`), which is the loop
+  thread's alone. The loop then waits in its selector and runs no Python
+  code: the function costs nothing while the loop is idle. An event after
+  the thread has been off its CPU (it slept in its selector, whatever the
+  loop is written in) marks the moment the loop woke; at the first event
+  after that in a frame that is not the loop's own (asyncio's, the
+  selector's) nor aiocop's, the application's work has begun: the function
+  removes itself and wakes the watchdog, which looks at the loop while that
+  step runs, at the rate of a busy loop, and times it from the moment the
+  loop woke. aiocop's own callbacks (the loop-delay probe's tick) pass
+  through; a loop that runs `_MAX_EVENTS` events without sleeping trips it
+  too. A thread that already has a profile function (a profiler) is not
+  armed; one with a trace function (a debugger, coverage) is: the two are
+  separate slots, and the tracer sees every event it saw before.
+- From 3.12, no profile function: `sys.setprofile` is built on
+  `sys.monitoring` there and instruments the code of the whole interpreter,
+  so while one loop was armed every other thread's Python code (executor
+  threads, other loops) ran two to four times slower, and a child forked
+  then stayed so for life. A loop whose iteration is Python code (asyncio's
+  `BaseEventLoop._run_once`, which waits in `self._selector.select()`) gets
+  its selector's `select` wrapped instead, as an attribute of that one
+  selector object: when a select returns with something of the
+  application's to run (an I/O event, a callback, a due timer that is not
+  aiocop's own), the wrapper removes itself, notes the moment and wakes the
+  watchdog. Loops written in C or Rust (uvloop, winloop, rloop, veloxloop,
+  Leviathan) run nothing in Python as they wake that could be hooked at no
+  cost to other threads: they are not armed (`arm` says so), and the
+  watchdog keeps looking at them at a rate bound by the threshold.
+
+A tripwire never raises into the loop: a failure inside it removes it,
+leaves that loop unarmed (looked at at the threshold-bound rate) and is
+logged once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import sys
+import weakref
+from asyncio import BaseEventLoop
+from asyncio.selector_events import BaseSelectorEventLoop
+from types import FunctionType, MethodType
 from typing import TYPE_CHECKING, Any
 
 from aiocop._common.clock import perf_counter, thread_time
@@ -49,6 +69,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("aiocop")
 
+# Up to 3.11 a profile function is its thread's alone; from 3.12 setting one
+# instruments every thread's code (sys.monitoring): never done there.
+PROFILE = sys.version_info < (3, 12)
 # Off its CPU this long between two events, the thread slept (in its
 # selector, or waiting for the GIL as it woke): a loop iterating runs events
 # microseconds apart on its CPU.
@@ -64,26 +87,56 @@ _LOOPS_OWN = (Kind.LOOP, Kind.AIOCOP)
 _ARM_SHARE_S = 0.0005
 # The callback runs in an empty context: none of the application's variables.
 _EMPTY = contextvars.Context()
+# Modules whose callbacks on an armed loop are aiocop's own (the probe's
+# tick, this module's arming): a select that returns for them only is no wake-up.
+_OWN_MODULES = frozenset({"aiocop._stalls.probe", __name__})
+# Whether this process ever set a profile function (see after_fork_in_child),
+# and whether a tripwire's failure was logged (once per process).
+_profile_set = False
+_failure_logged = False
 
 
-def arm(watch: LoopWatch, wake: Callable[[], None]) -> None:
+def arm(watch: LoopWatch, wake: Callable[[], None]) -> bool:
     """Have `watch`'s loop wake the watchdog (`wake()`, from the loop's thread) as it next wakes.
 
     Called by the watchdog thread as it goes to its long sleep, for a loop it
-    saw idle. Idempotent while armed.
+    saw idle. Idempotent while armed. Returns False for a loop that cannot be
+    armed (written in C on 3.12+, its thread's profile slot taken, a
+    tripwire that failed): the watchdog must keep looking at it often.
     """
-    if watch.armed or watch.unarmable:
-        return
+    if watch.unarmable:
+        return False
     loop = watch.loop
+    if loop is None:
+        return True  # gone: nothing to watch
+    # (type(), not isinstance(): no `__class__` of the application's is read here.)
+    if not PROFILE and not issubclass(type(loop), BaseEventLoop):
+        return False
+    if watch.armed:
+        return True
     # Only a running loop: some loops (rloop 0.5) replace their wake-up pipe
     # on every run, and a call sent between runs could reach a reused fd.
-    if loop is None or not loop.is_running():
-        return
+    if not loop.is_running():
+        return True
     watch.armed = True
     watch.tripwire_set = 0.0
     try:
         loop.call_soon_threadsafe(_install, watch, wake, context=_EMPTY)
     except Exception:  # closed meanwhile, or a loop that takes no context
+        watch.armed = False
+    return True
+
+
+def step_seen(watch: LoopWatch) -> None:
+    """A look saw `watch`'s loop begin a step: a tripwire still armed did not trip on it.
+
+    It was taken away (a profiler replaced it, then went) or the step began
+    before it was in place. Disarmed, so that the next quiet spell arms the
+    loop afresh rather than trusting it (it stayed marked armed for good,
+    and the loop was never armed again). aiocop's own callback (the probe's
+    tick) is no step of the loop's.
+    """
+    if watch.armed and not watch.own:
         watch.armed = False
 
 
@@ -92,13 +145,155 @@ def _install(watch: LoopWatch, wake: Callable[[], None]) -> None:
     started = thread_time()
     if not watch.armed:
         return  # disarmed meanwhile
-    if sys.getprofile() is not None:
-        # The thread's profile function is someone else's (a profiler, a
-        # debugger): left alone, and not asked again (each ask wakes the loop).
+    # aiocop's own callback, as the probe's tick is: a look that lands in it
+    # sees no step of the loop's (which would disarm it: step_seen).
+    watch.own = True
+    try:
+        placed = _set_profile(watch, wake, started) if PROFILE else _wrap_select(watch, wake)
+    except Exception:
+        _failed(watch, "could not arm")
+        placed = False
+    finally:
+        watch.own = False
+    if placed:
+        watch.tripwire_set = perf_counter()  # (in_place: a look must see the loop idle after this)
+    else:
+        # Left unarmed for good: the watchdog looks at it at the threshold-bound
+        # rate, which it learns now rather than after its long sleep.
         watch.armed = False
         watch.unarmable = True
-        watch.probe_cpu += thread_time() - started + _ARM_SHARE_S
-        return
+        _wake(wake)
+    watch.probe_cpu += thread_time() - started + _ARM_SHARE_S
+
+
+def _wake(wake: Callable[[], None]) -> None:
+    try:
+        wake()
+    except Exception:
+        logger.exception("aiocop: could not wake the watchdog (ignored)")
+
+
+def _failed(watch: LoopWatch, what: str) -> None:
+    # A fault inside a tripwire: that loop is never armed again (its looks
+    # come at the threshold-bound rate), and the application never sees it.
+    global _failure_logged
+    watch.armed = False
+    watch.unarmable = True
+    if not _failure_logged:
+        _failure_logged = True
+        logger.exception(
+            "aiocop: the watchdog's tripwire %s; this loop is looked at more often instead (logged once)", what
+        )
+
+
+# Python 3.12+: the selector's select, wrapped on that one object.
+
+
+def _wrap_select(watch: LoopWatch, wake: Callable[[], None]) -> bool:
+    loop = watch.loop
+    selector = getattr(loop, "_selector", None)
+    attrs = getattr(selector, "__dict__", None)
+    if loop is None or attrs is None or not callable(getattr(type(selector), "select", None)):
+        return False  # no selector object to wrap (a proactor without one, slots): not armable
+    current = attrs.get("select")
+    if current is not None and current is watch.tripwire:
+        return True  # still in place since the last arming (disarmed, not yet woken): armed again as it is
+    watch.tripwire = _select_wrapper(watch, wake, weakref.ref(selector), current)
+    attrs["select"] = watch.tripwire
+    return True
+
+
+def _select_wrapper(
+    watch: LoopWatch, wake: Callable[[], None], selector_ref: weakref.ref[Any], previous: Callable[..., Any] | None
+) -> Callable[..., Any]:
+    # Holds no strong reference to the loop or the selector (the watch's is
+    # weak too): the selector's attribute pointing back at it would make a
+    # cycle, and an unclosed loop would then be freed only by a collection.
+
+    def select(timeout: float | None = None) -> Any:
+        selector: Any = selector_ref()  # (alive: it is the object this is an attribute of)
+        # The selector's own outcome, errors included, is the loop's, as it was.
+        events = previous(timeout) if previous is not None else type(selector).select(selector, timeout)
+        woke = perf_counter()
+        try:
+            loop = watch.loop
+            if watch.armed and _only_own(loop, events):
+                return events  # aiocop's own callback (the probe's tick): no wake-up of the application's
+            _unwrap(selector, select, previous)
+            if watch.armed:
+                watch.armed = False
+                watch.tripped = woke
+                _wake(wake)
+        except Exception:
+            _failed(watch, "failed")
+            with contextlib.suppress(Exception):
+                _unwrap(selector, select, previous)
+        return events
+
+    return select
+
+
+def _unwrap(selector: Any, wrapper: Callable[..., Any], previous: Callable[..., Any] | None) -> None:
+    attrs = selector.__dict__
+    if attrs.get("select") is wrapper:
+        if previous is not None:
+            attrs["select"] = previous
+        else:
+            del attrs["select"]
+
+
+def _own(callback: object) -> bool:
+    # (type() checks only: nothing of the application's runs here.)
+    function = callback.__func__ if type(callback) is MethodType else callback
+    if type(function) is not FunctionType:
+        return False
+    module = function.__module__  # (its globals' __name__ when made: anything, exec() lets it be a list)
+    return type(module) is str and module in _OWN_MODULES
+
+
+def _only_own(loop: Any, events: Any) -> bool:
+    """Whether all that `loop` will run after this select is aiocop's own (read on its thread, before it runs it)."""
+    if events:
+        # Only the loop's self-pipe (the wake-up of call_soon_threadsafe): its
+        # callbacks are in _ready already, looked at below. A proactor's
+        # events (Windows) are not told apart: a wake-up.
+        if not issubclass(type(loop), BaseSelectorEventLoop):
+            return False
+        ssock = loop._ssock
+        if ssock is None:
+            return False
+        own_fd = ssock.fileno()
+        for key, _mask in events:
+            if getattr(key, "fd", None) != own_fd:
+                return False
+    for handle in loop._ready:
+        if not handle._cancelled and not _own(handle._callback):
+            return False
+    # The timers due now (the heap's due entries form a subtree at its root).
+    scheduled = loop._scheduled
+    end = loop.time() + loop._clock_resolution
+    count = len(scheduled)
+    todo = [0] if count else []
+    while todo:
+        i = todo.pop()
+        timer = scheduled[i]
+        if timer._when >= end:
+            continue
+        if not timer._cancelled and not _own(timer._callback):
+            return False
+        todo.extend(j for j in (2 * i + 1, 2 * i + 2) if j < count)
+    return True
+
+
+# Up to Python 3.11: a profile function on the loop's thread.
+
+
+def _set_profile(watch: LoopWatch, wake: Callable[[], None], started: float) -> bool:
+    global _profile_set
+    current = sys.getprofile()
+    if current is not None and current is not watch.tripwire:
+        # The thread's profile function is someone else's (a profiler): left alone.
+        return False
     # [wall clock at the last event, thread CPU clock at the last one read];
     # when the loop woke (0: not since arming) and the events since it last
     # slept. A CPU clock read a while back only makes the thread seem to
@@ -108,35 +303,55 @@ def _install(watch: LoopWatch, wake: Callable[[], None]) -> None:
     events = [0]
 
     def tripwire(frame: FrameType, event: str, arg: Any) -> None:
-        if watch.own:  # aiocop's own callback (the probe's tick): not the loop's work
-            return
-        now = perf_counter()
-        if now - last[0] >= _OFF_CPU_S:  # (the thread's CPU clock is a system call: read only then)
-            cpu = thread_time()
-            if (now - last[0]) - (cpu - last[1]) >= _OFF_CPU_S:
-                woke[0] = now
-                events[0] = 0
-            last[1] = cpu
-        last[0] = now
-        events[0] += 1
-        if watch.armed and events[0] < _MAX_EVENTS:
-            if not woke[0] or _frames.frame_kind(frame) in _LOOPS_OWN:
+        try:
+            if watch.own:  # aiocop's own callback (the probe's tick): not the loop's work
                 return
-            if frame.f_globals.get("__name__") == "selectors":  # (asyncio's wait, in the stdlib)
-                return
-        sys.setprofile(None)
-        if watch.armed:
-            watch.armed = False
-            watch.tripped = woke[0] or now
-            try:
-                wake()
-            except Exception:
-                logger.exception("aiocop: could not wake the watchdog (ignored)")
+            now = perf_counter()
+            if now - last[0] >= _OFF_CPU_S:  # (the thread's CPU clock is a system call: read only then)
+                cpu = thread_time()
+                if (now - last[0]) - (cpu - last[1]) >= _OFF_CPU_S:
+                    woke[0] = now
+                    events[0] = 0
+                last[1] = cpu
+            last[0] = now
+            events[0] += 1
+            if watch.armed and events[0] < _MAX_EVENTS:
+                if not woke[0] or _frames.frame_kind(frame) in _LOOPS_OWN:
+                    return
+                name = frame.f_globals.get("__name__")
+                if type(name) is str and name == "selectors":  # (asyncio's wait, in the stdlib)
+                    return
+            sys.setprofile(None)
+            if watch.armed:
+                watch.armed = False
+                watch.tripped = woke[0] or now
+                _wake(wake)
+        except Exception:
+            # Raised from here, it would surface in the application's code.
+            sys.setprofile(None)
+            _failed(watch, "failed")
 
     watch.tripwire = tripwire
     sys.setprofile(tripwire)
-    watch.tripwire_set = perf_counter()
-    watch.probe_cpu += thread_time() - started + _ARM_SHARE_S
+    _profile_set = True
+    return True
+
+
+def after_fork_in_child() -> None:
+    """In a forked child: no profile function of aiocop's survives the fork.
+
+    The child's only thread is the one that forked. Its tripwire, if it had
+    one, is removed; and if it has no profile function, profiling is turned
+    off once more, which on 3.12+ also undoes the interpreter-wide
+    instrumentation that threads the fork dropped may have left on
+    (a child forked while a loop was armed ran its Python code ~4x slower for
+    life). Nothing to do in a process that never set one.
+    """
+    if not _profile_set:
+        return
+    current = sys.getprofile()
+    if current is None or (type(current) is FunctionType and current.__qualname__ == "_set_profile.<locals>.tripwire"):
+        sys.setprofile(None)
 
 
 def in_place(watch: LoopWatch) -> bool:

@@ -344,10 +344,11 @@ class Watchdog:
         # short steps): each idle loop is armed to wake this thread as it
         # wakes (_tripwire), and is looked at while its first step runs.
         watches = _loops.watches
-        waiting = False
+        waiting = unarmed = False
         for watch in watches.values():
             if watch.step is None:
-                _tripwire.arm(watch, self.trip)
+                if not _tripwire.arm(watch, self.trip):
+                    unarmed = True
                 waiting = waiting or not _tripwire.in_place(watch)
         if self._arming_since <= self._last_active:
             self._arming_since = now  # the first arming of this quiet spell
@@ -357,11 +358,13 @@ class Watchdog:
             # the arming callback is waited for one idle interval at most.
             self._sleeping_long = False
             return _FAST_IDLE_S
-        if not watches and _loops.unannounced_loops_possible():
-            # No loop known, one that announces nothing may start (and cannot
-            # be armed before it is found): its first step is found by a
-            # look, at a rate bound by the threshold.
-            return min(sampling.idle_s(), _state.config.threshold_ms / 2000.0)
+        if unarmed or (not watches and _loops.unannounced_loops_possible()):
+            # A loop that cannot be armed (written in C, on Python 3.12+; its
+            # thread's profile slot taken), or, with no loop known, one that
+            # announces nothing may start (and cannot be armed before it is
+            # found): its first step is found by a look, at a rate bound by
+            # the threshold.
+            return min(sampling.idle_s(), unarmed_interval())
         return sampling.idle_s()
 
     def poll(self) -> tuple[bool, bool]:
@@ -466,6 +469,7 @@ class Watchdog:
             woke = _timing.woke_at(ident, prev, now) or _timing.tripped_at(watch, prev, now) if step is None else 0.0
             if step is not None:
                 self._finish(watch, now, cpu)
+            _tripwire.step_seen(watch)  # (one it did not trip on: not trusted again)
             step = watch.step = _timing.Step(ident, root, now, woke or prev, cpu, cpu_prev)
             step.woke = bool(woke)
             watch.beat_posted = 0.0
@@ -584,6 +588,18 @@ def _send_heartbeat(watch: LoopWatch, now: float) -> None:
 watchdog = Watchdog()
 
 
+def unarmed_interval() -> float:
+    """The idle looks' interval (s) while a loop cannot be armed: half the threshold.
+
+    A step that waits (not CPU-bound) is a stall only once a look has seen
+    it run for the threshold (`timing.Step.known_since`): a wait of 1.5x the
+    threshold must be first seen within half the threshold of its start. A
+    CPU-bound step is timed by its thread's CPU clock from its start, and
+    needs only to be seen while it runs.
+    """
+    return _state.config.threshold_ms / 2000.0
+
+
 def _after_fork_in_child() -> None:
     watchdog._thread = None
     watchdog._leaving = False
@@ -591,6 +607,7 @@ def _after_fork_in_child() -> None:
     watchdog._waker = allocate_lock()
     watchdog._waker.acquire()
     watchdog._finder = _discovery.Finder()
+    _tripwire.after_fork_in_child()
     _loops.reinit_after_fork()
     # Forked by a thread running a loop, which runs on in the child (or loops
     # that announce nothing may start).
