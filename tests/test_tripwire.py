@@ -136,6 +136,11 @@ def test_a_step_that_starts_as_the_loop_is_armed_is_seen(
     # trips only after the thread has slept, stays quiet until the wait is
     # over. The watchdog begins its long sleep only once a look has seen the
     # loop idle after the arming, and so looks at this step while it waits.
+    if not _tripwire.PROFILE and loop_name not in ("asyncio",):
+        # On 3.12+ a loop written in C is never armed (no profile function:
+        # it would instrument every thread); it is looked at every half
+        # threshold instead, which test_a_stall_after_a_quiet_spell_is_reported covers.
+        pytest.skip(f"{loop_name} is not armed on Python 3.12+ (looked at every half threshold instead)")
     install = _tripwire._install
     installed: list[bool] = []
 
@@ -156,7 +161,7 @@ def test_a_step_that_starts_as_the_loop_is_armed_is_seen(
         loop = asyncio.get_running_loop()
         done.append(loop.create_future())
         far = idle_timer(loop)
-        await done[0]
+        await asyncio.wait_for(done[0], WAIT_S)  # never armed: fails, never hangs
         far.cancel()
         await asyncio.sleep(0.05)
 
