@@ -194,6 +194,8 @@ def test_a_stall_after_a_quiet_spell_is_reported_on_a_loop_found_on_its_stack(qu
 def instrumented(function: Callable[..., object]) -> list[str]:
     # On 3.12+ sys.setprofile / sys.monitoring rewrite a code object's
     # instructions into INSTRUMENTED_* ones as it next runs (none before 3.12).
+    if sys.version_info < (3, 12):
+        return []  # (3.10 has no adaptive=; no version before 3.12 has INSTRUMENTED_* instructions)
     return [i.opname for i in dis.get_instructions(function, adaptive=True) if i.opname.startswith("INSTRUMENTED")]
 
 
