@@ -6,18 +6,22 @@ the watchdog, `aiocop+otel` adds `AiocopInstrumentor` (its probe: a timer
 every 500 ms on the loop, each lateness recorded). Runs alternate
 (A B C A B C ...) and the script prints each one's CPU time as a share of one
 core; the probe's own cost is `aiocop+otel` minus `aiocop`. `--loop uvloop`
-runs the same on uvloop.
+runs the same on uvloop. `--ticker-ms N` adds a run with no aiocop but a
+thread that does nothing except wake every N ms: the floor under any
+watchdog that looks that often (each wake-up of a thread is the cost, on a
+VM most of all).
 
 An idle loop is armed to wake the watchdog as it wakes (issue 29: one
 callback on the loop as the watchdog slows its looks), which this measures
 too.
 
-    python benchmarks/watchdog_idle_cost.py [--seconds 10] [--rounds 3] [--loop asyncio|uvloop]
+    python benchmarks/watchdog_idle_cost.py [--seconds 10] [--rounds 3] [--loop asyncio|uvloop] [--ticker-ms 15]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import subprocess
 import sys
@@ -25,7 +29,15 @@ import sys
 CHILD = r"""
 import asyncio, resource, sys, time
 mode, seconds, loop_name = sys.argv[1], float(sys.argv[2]), sys.argv[3]
-if mode != "baseline":
+if mode.startswith("ticker"):
+    import threading, _thread
+    def tick(interval=float(sys.argv[4]) / 1000):
+        lock = _thread.allocate_lock()
+        lock.acquire()
+        while True:
+            lock.acquire(True, interval)  # (never released: a timed wait, as the watchdog's)
+    threading.Thread(target=tick, daemon=True).start()
+elif mode != "baseline":
     import aiocop
     aiocop.start_blocking_io_detection()
     aiocop.detect_slow_tasks(threshold_ms=30)
@@ -54,12 +66,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    parser.add_argument("--ticker-ms", type=float, default=None, help="also a bare thread waking every N ms")
     args = parser.parse_args()
+    if args.ticker_ms is not None and not (args.ticker_ms > 0 and math.isfinite(args.ticker_ms)):
+        parser.error("--ticker-ms: a positive number of milliseconds")
     results: dict[str, list[float]] = {"baseline": [], "aiocop": [], "aiocop+otel": []}
+    if args.ticker_ms is not None:
+        results[f"ticker {args.ticker_ms:g} ms"] = []
     for _ in range(args.rounds):
         for mode, values in results.items():
             out = subprocess.run(
-                [sys.executable, "-c", CHILD, mode, str(args.seconds), args.loop],
+                [sys.executable, "-c", CHILD, mode, str(args.seconds), args.loop, str(args.ticker_ms)],
                 capture_output=True,
                 text=True,
                 check=True,
@@ -68,7 +85,7 @@ def main() -> None:
     for mode, values in results.items():
         spread = statistics.stdev(values) if len(values) > 1 else 0.0
         median = statistics.median(values)
-        print(f"{args.loop} {mode:11} idle CPU: median {median:.3f} % of a core (± {spread:.3f}), runs {values}")
+        print(f"{args.loop} {mode:13} idle CPU: median {median:.3f} % of a core (± {spread:.3f}), runs {values}")
 
 
 if __name__ == "__main__":

@@ -152,6 +152,18 @@ def run_until_it_stops_itself(loop_name: str, coro: Coroutine[Any, Any, Any]) ->
             loop.close()
 
 
+def run_probed(loop_name: str, coro: Coroutine[Any, Any, Any], record: Callable[[float], None]) -> Any:
+    """`run_on`, with a loop-delay probe ticking every 50 ms whose ticks call `record`."""
+    from aiocop._stalls.probe import DelayProbe
+
+    probe = DelayProbe(0.05, record)
+    probe.start()
+    try:
+        return run_on(loop_name, coro)
+    finally:
+        probe.stop()
+
+
 def run_in_thread(loop_name: str, coro_fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
     result: list[Any] = []
     errors: list[BaseException] = []
@@ -229,7 +241,11 @@ def reset_aiocop() -> None:
     # The process-wide settings (threshold, trace depth, delivery, buffer,
     # raise level), each back to its default, in the object every module reads.
     vars(_state.config).update(vars(_state.Config()))
-    aiocop.activate()
+    # The switch back on, as activate() sets it, but not activate() itself: in a
+    # process where detection never started (a test run alone, or first), it
+    # sets detection up (1.x's meaning), and the next test found it started.
+    _state.active = True
+    _hook.rebuild()
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -21,6 +21,10 @@ def sleep_bound_before_patching(seconds: float) -> None:
     bound_sleep(seconds)  # STALLS
 
 
+def sleep_seen(seconds: float) -> None:
+    time.sleep(seconds)  # STALLS
+
+
 def wait_unseen(seconds: float) -> None:
     # A wait no audit event or wrapper sees, on any Python version (from 3.13
     # time.sleep raises an audit event of its own, even bound before patching).

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import queue
 import socket
 import threading
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ import pytest
 
 import aiocop
 from aiocop._reporting import hangs as _hangs
-from tests.conftest import Collector, run_in_thread, run_on
+from tests.conftest import Collector, run_in_thread, run_on, run_probed
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -170,6 +171,33 @@ def test_a_recv_from_a_silent_peer_is_reported_while_it_waits(hangs: Hangs, loop
     event = hangs.events[0]
     check_report(event, f"test_hangs.py:{line_of(read_silent, '# HANGS')}:read_silent")
     assert event.culprit.startswith("waiting in sock.recv(16)"), event.culprit
+
+
+def test_a_probe_tick_that_hangs_is_reported_while_it_hangs(hangs: Hangs, loop_name: str) -> None:
+    """The loop-delay probe's tick is aiocop's own step while short; one stuck in its `record` is a hang."""
+    gate: queue.SimpleQueue[None] = queue.SimpleQueue()
+    entered = threading.Event()
+
+    def record(delay_s: float) -> None:
+        if not entered.is_set():
+            entered.set()
+            gate.get()  # HANGS
+
+    async def main() -> None:
+        while not entered.is_set():
+            await asyncio.sleep(0.01)
+
+    releaser, seen = released_after_report(hangs, lambda: gate.put(None))
+    try:
+        run_probed(loop_name, main(), record)
+    finally:
+        releaser.join()
+    assert seen == [True], "no hang report arrived while the tick was stuck"
+    event = hangs.events[0]
+    assert event.ongoing
+    assert event.elapsed_ms >= HANG_AFTER_MS
+    assert event.call_site.endswith(f"test_hangs.py:{line_of(record, '# HANGS')}:record"), event.call_site
+    assert event.culprit.startswith("waiting in gate.get()"), event.culprit
 
 
 def test_a_hang_is_reported_again_at_doubling_intervals(detector: Collector, loop_name: str) -> None:

@@ -66,6 +66,7 @@ LAYERS: list[dict[str, list[str]]] = [
             "aiocop._stalls.attribution",
             "aiocop._stalls.discovery",
             "aiocop._stalls.tripwire",
+            "aiocop._stalls.waits",
             "aiocop._stalls.probe",
             "aiocop._stalls.culprit",
         ]

@@ -50,11 +50,13 @@ class LoopWatch:
         "idle_t",
         "last_io",
         "last_io_ident",
+        "last_ran",
         "loop_name",
         "loop_ref",
         "own",
         "probe_cpu",
         "probe_seen",
+        "probe_started",
         "step",
         "thread_id",
         "thread_name",
@@ -62,6 +64,7 @@ class LoopWatch:
         "tripwire",
         "tripwire_set",
         "unarmable",
+        "wait",
     )
 
     def __init__(self, loop: AbstractEventLoop, base_frame: FrameType | None, thread_id: int | None = None) -> None:
@@ -95,6 +98,11 @@ class LoopWatch:
         self.last_io_ident = 0
         self.idle_t = 0.0  # last poll that saw the loop idle, and its CPU clock then
         self.idle_cpu: float | None = None
+        # Between which two looks its thread last used CPU (None: not seen
+        # yet): an idle loop's wait began then (_stalls/waits.py), and the
+        # system call it waits in, read by the watchdog (a waits.Wait).
+        self.last_ran: tuple[float, float] | None = None
+        self.wait: Any = None
         # CPU time this thread spent in the loop-delay probe's ticks (with an
         # allowance for the loop's own work around each), added by the loop's
         # thread: the watchdog does not take it for the loop waking up.
@@ -109,6 +117,11 @@ class LoopWatch:
         self.tripwire_set = 0.0  # when its thread installed it, since the last arming (0: not yet)
         self.unarmable = False  # its thread had a profile function of its own: never armed again
         self.own = False  # the loop runs aiocop's own callback (the probe's tick): the tripwire lets it pass
+        # When the probe's tick under way began (perf_counter()) and its
+        # thread's CPU clock then (None: no tick under way), one attribute
+        # read at once: a tick that holds the loop past `arm_after` (or the
+        # threshold) is a step like any other, timed from here (_stalls/stacks.py).
+        self.probe_started: tuple[float, float] | None = None
 
     @property
     def loop(self) -> AbstractEventLoop | None:

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from asyncio import AbstractEventLoop
     from collections.abc import Callable
 
+    from aiocop._interception.loops import LoopWatch
+
 logger = logging.getLogger("aiocop")
 # aiocop's own lock is taken with the lock type's C methods: `with lock:` would
 # pass through aiocop's Python wrapper of `__enter__` on a loop's thread (issue 26).
@@ -47,8 +49,16 @@ _ref = weakref.ref
 _LOOP_SHARE_S = 0.0005
 
 # The probe's timers run in an empty context: none of the application's
-# context variables (a request id, the current span) is theirs.
-_EMPTY = contextvars.Context()
+# context variables (a request id, the current span) is theirs. A new one
+# each time: a context is entered by one thread at a time, and one shared by
+# every loop made each other loop's tick fail (never to be armed again)
+# while one loop's `record` waited on its SDK's lock (review, 2026-11-26).
+_empty = contextvars.Context
+
+# Set by the watchdog: (watch, (start, CPU clock) of the tick, its `record`)
+# -> None, told of each tick's end on the loop's thread, while it still runs:
+# a tick that held the loop and that no look saw is reported from there.
+tick_ending: Callable[[LoopWatch, tuple[float, float], Callable[[float], None]], None] | None = None
 
 
 class DelayProbe:
@@ -82,6 +92,7 @@ class DelayProbe:
         self._stalls: deque[tuple[int, float, float]] = deque(maxlen=256)
         self._lock = _forksafe.lock()
         self._running = False
+        self._record_failed = False
         _probes.add(self)
 
     def stalled(self, thread_id: int, start: float, end: float) -> None:
@@ -146,7 +157,7 @@ class DelayProbe:
         # From any thread (a loop found running by the watchdog, or the one
         # that called instrument()): the only call a loop takes from anywhere.
         try:
-            loop.call_soon_threadsafe(self._arm, loop, token, context=_EMPTY)
+            loop.call_soon_threadsafe(self._arm, loop, token, context=_empty())
         except Exception:  # closed meanwhile, or a loop that takes no context
             self._forget(loop, token)
 
@@ -179,7 +190,7 @@ class DelayProbe:
             return
         due = loop.time() + self.interval
         try:
-            loop.call_at(due, self._tick, loop, token, due, perf_counter(), context=_EMPTY)
+            loop.call_at(due, self._tick, loop, token, due, perf_counter(), context=_empty())
         except Exception:
             logger.debug("aiocop: no loop-delay probe on %r (it refused a timer)", loop, exc_info=True)
             self._forget(loop, token)
@@ -191,15 +202,23 @@ class DelayProbe:
         watch = _loops.watches.get(get_ident())
         if watch is not None and watch.loop is not loop:
             watch = None
-        if watch is not None:
-            # The watchdog's tripwire (_tripwire), if armed on this thread,
-            # lets the tick pass: it is not the loop waking up to work.
-            watch.own = True
         try:
+            if watch is not None:
+                # The watchdog's tripwire (_tripwire), if armed on this thread,
+                # lets the tick pass: it is not the loop waking up to work. A
+                # look that lands in it sees no step, unless it has held the
+                # loop a while (a `record` waiting on its SDK's lock): then it
+                # is one, begun here.
+                watch.probe_started = (perf_counter(), started)
+                watch.own = True
             self._tick_on(loop, token, due, armed)
         finally:
             if watch is not None:
+                began = watch.probe_started
+                if began is not None and tick_ending is not None:
+                    tick_ending(watch, began, self._record)
                 watch.own = False
+                watch.probe_started = None
                 # Told to the watchdog, which would otherwise take each tick for the
                 # loop waking up to work, and look at it often for a while (its cost
                 # in an idle process went from 0.13 % of a core to 0.78 %).
@@ -214,7 +233,12 @@ class DelayProbe:
         # (freezegun's fake monotonic): never later than aiocop's own clock
         # says the timer has been waiting.
         late = min(late, max(now - armed - self.interval, 0.0))
-        self._settle(_ref(loop))
+        try:
+            self._settle(_ref(loop))
+        except Exception:  # the `record` given: the probe goes on (it stopped for good on that loop)
+            if not self._record_failed:  # (once: it would fail at every tick of every loop)
+                self._record_failed = True
+                logger.exception("aiocop: the loop-delay probe's record failed (ignored from now on)")
         self._unsettled[_ref(loop)] = (now - late, now, get_ident())
         self._arm(loop, token)
 

@@ -7,7 +7,7 @@ steps). A sample is the step's frames, innermost first, as (code, last
 instruction) pairs: cheap to take and to count, turned into lines only when
 a stall is reported.
 
-May import: aiocop._interception, aiocop._stalls.settings, aiocop._stalls.timing.
+May import: aiocop._interception, aiocop._model, aiocop._stalls.settings, aiocop._stalls.timing.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from aiocop._interception import frames as _frames
 from aiocop._interception.frames import Kind
+from aiocop._model import state as _state
 from aiocop._stalls.settings import sampling
 from aiocop._stalls.timing import CPU_BOUND_RATE
 
@@ -28,12 +29,13 @@ if TYPE_CHECKING:
 MAX_WALK = 256
 
 
-def step_of(frame: FrameType, watch: LoopWatch) -> tuple[object, FrameType, FrameType] | None:
-    """`(identity, root frame, innermost frame)` of the step the thread is in, or None if idle.
+def step_of(frame: FrameType, watch: LoopWatch, now: float) -> tuple[object, FrameType, FrameType] | None:
+    """`(identity, root frame, innermost frame)` of the step the thread is in at `now`, or None if idle.
 
     The walk stops at the same edges as the audit hook's: a dispatch frame of
     a loop written in Python, the frame that called into a loop written in
-    C, or a core frame of the loop (idle, between steps).
+    C, or a core frame of the loop (idle, between steps). aiocop's own steps
+    are none of the loop's (`_is_own`).
     """
     base = watch.base_frame
     innermost = frame
@@ -50,26 +52,57 @@ def step_of(frame: FrameType, watch: LoopWatch) -> tuple[object, FrameType, Fram
                 if role == "core":
                     return None
                 if role == "dispatch":
-                    if root is None or _is_own(root):
+                    if root is None or _is_own(root, watch, now):
                         return None
                     # asyncio's Handle._run is a new frame for every callback and
                     # task step: the best step identity there is.
                     return (f if f.f_globals.get("__name__") == "asyncio.events" else root), root, innermost
         if f is base:
-            return (root, root, innermost) if root is not None and not _is_own(root) else None
+            return (root, root, innermost) if root is not None and not _is_own(root, watch, now) else None
         root = f
         f = f.f_back
     return None  # no edge found: the loop is not running on this thread any more
 
 
-def _is_own(root: FrameType) -> bool:
+def _is_own(root: FrameType, watch: LoopWatch, now: float) -> bool:
     # aiocop's own step: a delivery running the slow-task callbacks, or the
     # watchdog's heartbeat. A slow callback is not the application's stall
     # (aiocop warns about it once, see _callbacks); reported, its report would
     # run the callback again, and stall again, for ever. A step whose
     # outermost frame is one of aiocop's decorators (`@raise_on_violations`
     # on a task's coroutine) is the application's.
+    if in_tick(root):
+        return not tick_held(watch, now)
     return root.f_globals.get("__name__") in _OWN_STEP_MODULES
+
+
+def tick_held(watch: LoopWatch, now: float) -> bool:
+    """Whether the loop-delay probe's tick under way had held the loop for `arm_after` (or the threshold) at `now`.
+
+    A tick is aiocop's own step while it is short, as it should be (a
+    histogram's `record`): a look that lands in one sees the loop idle. A
+    tick that waits (on its metrics SDK's lock, held by an exporter) or
+    works for longer holds the loop as any step would, and is one: a stall,
+    or a hang, of aiocop's making, timed from the tick's start.
+    """
+    started = watch.probe_started
+    return started is not None and now - started[0] >= tick_grace_s()
+
+
+def tick_grace_s() -> float:
+    """How long a tick is aiocop's own step: `arm_after`, or the threshold if that is sooner."""
+    return min(sampling.arm_after_s(), _state.config.threshold_ms / 1000.0)
+
+
+def in_tick(root: FrameType) -> bool:
+    """Whether `root` is the loop-delay probe's tick."""
+    return root.f_globals.get("__name__") == _PROBE_MODULE
+
+
+# The loop-delay probe's tick (see `tick_held`). Always taken for a step, a
+# look that landed in one looked every 4 ms for half a second after, one idle
+# spell in twenty with the test suite running beside it (ticks take longer then).
+_PROBE_MODULE = "aiocop._stalls.probe"
 
 
 _OWN_STEP_MODULES = frozenset(
@@ -95,6 +128,10 @@ def sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float, cpu: 
         if f is step.root:
             break
         f = f.f_back
+    if not frames:
+        # Nothing but aiocop's frames: the probe's tick, held in a `record`
+        # written in C. Named by the innermost, the probe's call of it.
+        frames.append((innermost.f_code, innermost.f_lasti))
     stack = tuple(frames)
     step.samples[stack] = step.samples.get(stack, 0) + 1
     # Waiting or working at this sample: did the thread's CPU clock move

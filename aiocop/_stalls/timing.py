@@ -35,9 +35,11 @@ class Step:
     """The step a loop was running at the last poll, and what the watchdog saw of it."""
 
     __slots__ = (
+        "began",
         "cpu_first",
         "cpu_last",
         "cpu_prev",
+        "ended",
         "hang_next",
         "hangs",
         "hung_s",
@@ -84,6 +86,10 @@ class Step:
         self.hangs = 0  # hang reports made of it while it ran
         self.hung_s = 0.0  # how long it had run at its latest hang report: its final length is no less
         self.hang_next = 0.0  # its age (s) at the next hang report; 0: hang_after_ms from the config
+        # When it began and ended, where the loop's thread told it (the
+        # probe's tick notes both); 0: estimated from the looks.
+        self.began = 0.0
+        self.ended = 0.0
 
     def cpu_rate(self) -> float:
         """The share of a CPU the loop thread got while this step ran (0 when waiting).
@@ -100,6 +106,8 @@ class Step:
 
     def start(self) -> float:
         """Best estimate of when the step began."""
+        if self.began:
+            return self.began
         rate = self.cpu_rate()
         if rate >= CPU_BOUND_RATE and self.cpu_first is not None and self.cpu_prev is not None:
             # CPU used since the last poll that did not see the step, at the
@@ -120,12 +128,14 @@ class Step:
         shows it was already working before that poll. Deciding that a step is
         a stall rests on this; the midpoint guess of `start()` only times it.
         """
-        if (self.cpu_bound() or self.woke) and self.cpu_first is not None and self.cpu_prev is not None:
+        if self.began or ((self.cpu_bound() or self.woke) and self.cpu_first is not None and self.cpu_prev is not None):
             return self.start()
         return self.t_first
 
     def end(self, now: float, cpu: float | None) -> float:
         """Best estimate of when the step ended, seen gone at `now`."""
+        if self.ended:
+            return self.ended
         rate = self.cpu_rate()
         if rate >= CPU_BOUND_RATE and cpu is not None and self.cpu_last is not None:
             ran = (cpu - self.cpu_last) / rate + _paused(self.t_last, now)
@@ -150,6 +160,19 @@ def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
         step.hangs,
         step.hung_s,
     )
+
+
+def held_tick(
+    watch: LoopWatch, began: tuple[float, float], ended: float, cpu: float, code: CodeType, ident: object
+) -> Stall:
+    """The probe's tick `ident` (`stacks.step_of`) that held the loop from `began` (time, CPU clock) to `ended`.
+
+    Told by the tick itself as it ends, seen by no look, so its ends are
+    exact; what it was doing is not known, beyond the code it called
+    (`code`: named as the call site).
+    """
+    waiting = (cpu - began[1]) < CPU_BOUND_RATE * (ended - began[0])
+    return Stall(watch, began[0], ended, [(((code, 0),), 1)], waiting, None, waiting, ident=ident, seen_until=ended)
 
 
 # Garbage collections run by the watchdog thread itself: while one runs it
@@ -192,8 +215,10 @@ def all_quiet(watches: dict[int, LoopWatch]) -> bool:
     # The cheap look: an idle loop's thread uses no CPU, so if no loop thread's
     # CPU clock moved since the last look, nothing can have started (even a
     # step that went straight into a wait used some CPU to get there).
+    # (A loop in aiocop's own callback, the probe's tick, is looked at too:
+    # one that waits on a lock uses no CPU, and may be holding the loop.)
     for watch in watches.values():
-        if watch.step is not None or watch.idle_cpu is None or watch.cpu_time() != watch.idle_cpu:
+        if watch.step is not None or watch.own or watch.idle_cpu is None or watch.cpu_time() != watch.idle_cpu:
             return False
     now = perf_counter()
     for watch in watches.values():
@@ -201,7 +226,12 @@ def all_quiet(watches: dict[int, LoopWatch]) -> bool:
     return True
 
 
-def remember_idle(watch: LoopWatch, now: float, cpu: float | None) -> None:
+def remember_idle(watch: LoopWatch, now: float, cpu: float | None, before: float) -> None:
+    """A look at `now` saw the loop idle, its thread's CPU clock at `cpu`; the look before it was at `before`."""
+    if cpu is None or watch.idle_cpu is None:
+        watch.last_ran = None  # (first seen idle: when its wait began is not known)
+    elif cpu != watch.idle_cpu:
+        watch.last_ran = (before, now)  # it ran since the last look, and waits again
     watch.idle_t = now
     watch.idle_cpu = cpu
 

@@ -38,7 +38,8 @@ sets the tripwire up on the loop's own thread. How depends on the Python:
   watchdog. Loops written in C or Rust (uvloop, winloop, rloop, veloxloop,
   Leviathan) run nothing in Python as they wake that could be hooked at no
   cost to other threads: they are not armed (`arm` says so), and the
-  watchdog keeps looking at them at a rate bound by the threshold.
+  watchdog keeps looking at them at a rate bound by the threshold, and as
+  their next timer ends (`waits`, on Linux).
 
 A tripwire never raises into the loop: a failure inside it removes it,
 leaves that loop unarmed (looked at at the threshold-bound rate) and is
@@ -85,8 +86,10 @@ _LOOPS_OWN = (Kind.LOOP, Kind.AIOCOP)
 # loop-delay probe's ticks are (_probe._LOOP_SHARE_S): the watchdog does not
 # take it for the loop waking up to work.
 _ARM_SHARE_S = 0.0005
-# The callback runs in an empty context: none of the application's variables.
-_EMPTY = contextvars.Context()
+# The callback runs in an empty context: none of the application's
+# variables. A new one each time: a context is entered by one thread at a
+# time, and loops in several threads arm at once (see _probe._empty).
+_empty = contextvars.Context
 # Modules whose callbacks on an armed loop are aiocop's own (the probe's
 # tick, this module's arming): a select that returns for them only is no wake-up.
 _OWN_MODULES = frozenset({"aiocop._stalls.probe", __name__})
@@ -104,14 +107,11 @@ def arm(watch: LoopWatch, wake: Callable[[], None]) -> bool:
     armed (written in C on 3.12+, its thread's profile slot taken, a
     tripwire that failed): the watchdog must keep looking at it often.
     """
-    if watch.unarmable:
+    if not can_arm(watch):
         return False
     loop = watch.loop
     if loop is None:
         return True  # gone: nothing to watch
-    # (type(), not isinstance(): no `__class__` of the application's is read here.)
-    if not PROFILE and not issubclass(type(loop), BaseEventLoop):
-        return False
     if watch.armed:
         return True
     # Only a running loop: some loops (rloop 0.5) replace their wake-up pipe
@@ -121,10 +121,19 @@ def arm(watch: LoopWatch, wake: Callable[[], None]) -> bool:
     watch.armed = True
     watch.tripwire_set = 0.0
     try:
-        loop.call_soon_threadsafe(_install, watch, wake, context=_EMPTY)
+        loop.call_soon_threadsafe(_install, watch, wake, context=_empty())
     except Exception:  # closed meanwhile, or a loop that takes no context
         watch.armed = False
     return True
+
+
+def can_arm(watch: LoopWatch) -> bool:
+    """Whether `arm` can arm `watch`'s loop (not one written in C on 3.12+, nor one left unarmable)."""
+    if watch.unarmable:
+        return False
+    loop = watch.loop
+    # (type(), not isinstance(): no `__class__` of the application's is read here.)
+    return loop is None or PROFILE or issubclass(type(loop), BaseEventLoop)
 
 
 def step_seen(watch: LoopWatch) -> None:
@@ -370,3 +379,15 @@ def in_place(watch: LoopWatch) -> bool:
         return True
     done = watch.tripwire_set
     return bool(done) and done < watch.idle_t
+
+
+def guards(watch: LoopWatch) -> bool:
+    """Whether `watch`'s loop is armed, its tripwire in place since a look saw it idle.
+
+    Until it trips, the loop has run nothing of the application's: what its
+    thread did meanwhile was aiocop's own callbacks (the probe's ticks, the
+    arming) and the loop's own work around them (the watchdog still counts
+    CPU well past what the ticks told as activity: a tripwire can be taken
+    away without tripping).
+    """
+    return watch.armed and in_place(watch)

@@ -11,7 +11,9 @@ reported (`attribution`), or the samples join the io event of the same step.
 
 Timing without wrapping anything: a stall's start and end are bracketed by
 polls (every `busy_poll_ms` while a loop is busy, `idle_interval_ms` while all
-are idle, each idle loop armed to wake the watchdog as it wakes: _tripwire)
+are idle, each idle loop armed to wake the watchdog as it wakes: _tripwire;
+one that cannot be armed is looked at every half threshold, and as its next
+timer ends: _waits)
 and refined by the loop thread's CPU clock (`timing`). On loops written in C,
 where one task's consecutive steps share a root frame, a heartbeat
 (`call_soon_threadsafe`) sent only when the same root is seen twice in a row
@@ -34,21 +36,25 @@ import os
 import sys
 import threading
 from _thread import LockType, allocate_lock
+from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 from aiocop._common import forksafe as _forksafe
-from aiocop._common.clock import perf_counter
+from aiocop._common.clock import perf_counter, thread_time
 from aiocop._interception import hook as _hook
 from aiocop._interception import loops as _loops
 from aiocop._model import state as _state
 from aiocop._stalls import attribution as _attribution
 from aiocop._stalls import discovery as _discovery
+from aiocop._stalls import probe as _probe
 from aiocop._stalls import stacks as _stacks
 from aiocop._stalls import timing as _timing
 from aiocop._stalls import tripwire as _tripwire
+from aiocop._stalls import waits as _waits
 from aiocop._stalls.settings import sampling
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import FrameType
 
     from aiocop._interception.loops import LoopWatch
@@ -65,6 +71,9 @@ _DISCOVERY_S = 1.0
 # slows to `idle_interval_ms` (see Watchdog._next_interval).
 _FAST_FOR_S = 0.5
 _FAST_IDLE_S = 0.004
+# A probe's tick seen under way is looked at again this long after it would
+# be a step (_tick_seen): the sleep's own wake-up can come a hair early.
+_TICK_LATE_S = 0.0005
 # The watchdog's thread ends once no loop has been running for this long
 # (it starts again with the next loop).
 _IDLE_STOP_S = 5.0
@@ -110,6 +119,8 @@ class Watchdog:
         # A loop's tripwire woke this thread (_tripwire): look again soon, whatever the look it woke for saw.
         self._tripped = False
         self._arming_since = 0.0  # when this quiet spell's arming began (see _next_interval)
+        self._tick_due = 0.0  # when a probe's tick seen under way would be a step (_tick_seen; 0: none)
+        self._ticks_only = False  # the last look's steps were all probe ticks that had not stalled (see poll)
 
     @property
     def running(self) -> bool:
@@ -190,7 +201,9 @@ class Watchdog:
             return
         try:
             if self.thread_alive and not _loops.watches and not self._unseen_loops_possible():
+                thread = self._thread
                 self._retire_thread()  # (which finishes the steps of loops that stopped, as it ends)
+                _gone_from_the_os(thread)
         finally:
             self._control.release()
 
@@ -277,7 +290,15 @@ class Watchdog:
                     return
             elif self._idle_since:
                 self._idle_since = 0.0
-            _acquire(self._waker, True, self._next_interval(busy, active))
+            try:
+                interval = self._next_interval(busy, active)
+            except Exception:
+                logger.exception("aiocop: watchdog could not choose its next look (ignored)")
+                interval = unarmed_interval()
+            if self._tick_due:
+                interval = min(interval, max(self._tick_due - perf_counter(), 0.0) + _TICK_LATE_S)
+                self._tick_due = 0.0
+            _acquire(self._waker, True, interval)
         # stop() right after a loop's last step: finish that step, whose stall
         # stop() then delivers (drain), rather than leave it in the queue.
         try:
@@ -323,13 +344,14 @@ class Watchdog:
         self._sleeping_long = False
         tripped, self._tripped = self._tripped, False
         if busy:
-            self._last_active = now
+            self._last_active = self._last_active if self._ticks_only else now
             return sampling.busy_poll_ms / 1000.0
         if active:
             self._last_active = now
         if now - self._last_active < _FAST_FOR_S or tripped:
             # Woken by a tripwire, the look may have come before the step
             # it woke for began: one more look, soon.
+            _read_waits(_loops.watches)
             return _FAST_IDLE_S
         # Published before _last_active is read again: a loop_started() that
         # saw the short sleep (and woke nobody) wrote _last_active before,
@@ -345,10 +367,14 @@ class Watchdog:
         # wakes (_tripwire), and is looked at while its first step runs.
         watches = _loops.watches
         waiting = unarmed = False
+        timer = float("inf")  # the earliest a loop not armed can wake for its next timer (_waits)
         for watch in watches.values():
             if watch.step is None:
                 if not _tripwire.arm(watch, self.trip):
                     unarmed = True
+                    wakes = _waits.plan(watch)
+                    if wakes is not None and now <= watch.wait.latest + _waits.LATE_S:  # (known when planned)
+                        timer = min(timer, wakes)
                 waiting = waiting or not _tripwire.in_place(watch)
         if self._arming_since <= self._last_active:
             self._arming_since = now  # the first arming of this quiet spell
@@ -358,13 +384,20 @@ class Watchdog:
             # the arming callback is waited for one idle interval at most.
             self._sleeping_long = False
             return _FAST_IDLE_S
+        if timer <= now:
+            # A loop not armed can be waking for its timer: a look every few
+            # milliseconds until its thread runs, which `_waits.woke_at` times.
+            # (A short sleep: a loop's start does not cut it short, issue 31.)
+            self._sleeping_long = False
+            return _FAST_IDLE_S
         if unarmed or (not watches and _loops.unannounced_loops_possible()):
             # A loop that cannot be armed (written in C, on Python 3.12+; its
             # thread's profile slot taken), or, with no loop known, one that
             # announces nothing may start (and cannot be armed before it is
             # found): its first step is found by a look, at a rate bound by
-            # the threshold.
-            return min(sampling.idle_s(), unarmed_interval())
+            # the threshold (a wake-up for I/O is not told in advance), and
+            # one begun as its next timer ends is seen as it ends (_waits).
+            return min(sampling.idle_s(), unarmed_interval(), timer - now)
         return sampling.idle_s()
 
     def poll(self) -> tuple[bool, bool]:
@@ -387,15 +420,25 @@ class Watchdog:
         # after the walks, they timed an old picture as a new one: one step
         # seen as two, stalls cut short or missed.
         now = perf_counter()
-        # The probe's CPU, read before the clocks: a tick between the two
-        # reads counts as the loop's own activity, never the other way round.
+        # Whether each loop's tripwire guards it (armed, in place since a look
+        # saw it idle: _tripwire.guards) and the CPU the probe's ticks told,
+        # read before the clocks; whether a tick is under way, read after.
+        # What the clocks moved by is no activity of the loop's when a tick
+        # was under way at their read (its CPU is told only at its end) or
+        # ended since (taken for activity, it kept the watchdog looking every
+        # 4 ms for half a second, one idle spell in three), nor when the loop
+        # was guarded and is still armed after the read: it ran nothing of the
+        # application's (up to _GUARDED_SLACK_S more than its ticks told).
+        # Counted against the ticks' allowance instead, the loop's own work
+        # around a tick took up to 1.2 ms (0.1-0.3 ms quiet) with the test
+        # suite running beside it, and fast looks followed.
+        guarded = [_tripwire.guards(watch) for watch in watches.values()]
         probes = [watch.probe_cpu for watch in watches.values()]
         clocks = [watch.cpu_time() for watch in watches.values()]
-        # Read after the clocks: a tick under way at their read (its CPU is told
-        # only at its end) or one that ended since the probes' read is no
-        # activity of the loop's (taken for one, it kept the watchdog looking
-        # every 4 ms for half a second, one idle spell in three).
-        ticking = [watch.own or watch.probe_cpu != seen for watch, seen in zip(watches.values(), probes, strict=True)]
+        own_only = [
+            watch.own or watch.probe_cpu != seen or (was_guarded and watch.armed and _within_slack(watch, cpu, seen))
+            for watch, seen, was_guarded, cpu in zip(watches.values(), probes, guarded, clocks, strict=True)
+        ]
         # Includes this thread's own frame, this very function's: left in,
         # this frame and the dict would hold each other, and with them every
         # frame of the loops' stacks at this look (and the tasks and locals
@@ -405,7 +448,8 @@ class Watchdog:
         scan = now - self._last_scan > _DISCOVERY_S
         others = self._finder.read(frames, watches, now, scan=scan)
         busy = active = False
-        for (thread_id, watch), cpu, probe, tick in zip(watches.items(), clocks, probes, ticking, strict=True):
+        ticks_only = True
+        for (thread_id, watch), cpu, probe, own in zip(watches.items(), clocks, probes, own_only, strict=True):
             frame = frames.get(thread_id)
             if frame is None or (watch.discovered and not _discovery.still_running(watch)):
                 if frame is not None:
@@ -418,8 +462,13 @@ class Watchdog:
                 _loops.unregister(thread_id)
                 continue
             idle_cpu = watch.idle_cpu
-            busy |= self._poll_one(watch, frame, now, cpu)
-            active |= not tick and _timing.moved(idle_cpu, watch.idle_cpu, probe - watch.probe_seen)
+            if self._poll_one(watch, frame, now, cpu):
+                busy = True
+                step = watch.step
+                # (A probe's tick kept from a CPU past arm_after is a step, looked at fast while it
+                # lasts; unless it stalled, it does not start the half second of fast looks after.)
+                ticks_only = ticks_only and step is not None and bool(step.began) and not step.stalled
+            active |= not own and _timing.moved(idle_cpu, watch.idle_cpu, probe - watch.probe_seen)
             watch.probe_seen = probe
         # Threads running no known loop: one stepping is registered now, and
         # its step looked at in this same look (timed from the thread's last look).
@@ -429,10 +478,12 @@ class Watchdog:
         # no loop known, the quiet looks come every half threshold instead:
         # _next_interval.)
         for watch in self._finder.look(frames, others, now):
-            busy |= self._poll_one(watch, frames[watch.thread_id], now, others.get(watch.thread_id))
+            if self._poll_one(watch, frames[watch.thread_id], now, others.get(watch.thread_id)):
+                busy, ticks_only = True, False
         if scan:
             self._last_scan = now
             self._finder.scan(frames, watches)
+        self._ticks_only = busy and ticks_only
         return busy, active
 
     def _finish_retired(self) -> None:
@@ -450,14 +501,17 @@ class Watchdog:
         # `now` and `cpu`: the time and the thread's CPU clock at the snapshot
         # `frame` comes from, read together (estimates divide one by the
         # other, so a skew between them would show up as speed).
-        found = _stacks.step_of(frame, watch)
+        found = _stacks.step_of(frame, watch, now)
         step: Step | None = watch.step
         if found is None:
+            if watch.own:
+                self._tick_seen(watch)
+            before = _timing.last_seen(watch)[0]  # (read before the step is dropped)
             if step is not None:
                 self._finish(watch, now, cpu)
             watch.step = None
             watch.beat_posted = 0.0
-            _timing.remember_idle(watch, now, cpu)
+            _timing.remember_idle(watch, now, cpu, before)
             return False
         ident, root, innermost = found
         came_back = step is not None and _timing.loop_came_back(watch)
@@ -465,14 +519,7 @@ class Watchdog:
             step.t_last = now
             step.cpu_last = cpu
         else:
-            prev, cpu_prev = _timing.last_other(watch, step, came_back, now)
-            woke = _timing.woke_at(ident, prev, now) or _timing.tripped_at(watch, prev, now) if step is None else 0.0
-            if step is not None:
-                self._finish(watch, now, cpu)
-            _tripwire.step_seen(watch)  # (one it did not trip on: not trusted again)
-            step = watch.step = _timing.Step(ident, root, now, woke or prev, cpu, cpu_prev)
-            step.woke = bool(woke)
-            watch.beat_posted = 0.0
+            step = self._new_step(watch, step, came_back, ident, root, now, cpu)
         age = now - step.known_since()
         proven = True
         if ident is root:
@@ -499,6 +546,48 @@ class Watchdog:
             if hang_after is not None and age >= (step.hang_next or hang_after / 1000.0):
                 self._hang(watch, step, innermost, now, age, hang_after / 1000.0)
         return True
+
+    def _new_step(
+        self,
+        watch: LoopWatch,
+        step: Step | None,
+        came_back: bool,
+        ident: object,
+        root: FrameType,
+        now: float,
+        cpu: float | None,
+    ) -> Step:
+        # A step first seen at `now`, after the loop was idle (`step` None) or in `step`.
+        prev, cpu_prev = _timing.last_other(watch, step, came_back, now)
+        woke = _woke_at(watch, ident, prev, now) if step is None else 0.0
+        if step is not None:
+            self._finish(watch, now, cpu)
+        _tripwire.step_seen(watch)  # (one it did not trip on: not trusted again)
+        watch.beat_posted = 0.0
+        if not _stacks.in_tick(root):
+            step = watch.step = _timing.Step(ident, root, now, woke or prev, cpu, cpu_prev)
+            step.woke = bool(woke)
+            return step
+        # The probe's tick, holding the loop (_stacks.tick_held), timed from
+        # the start it noted. Under merge_lock: the tick, as it ends, reports
+        # itself unless it finds it is this step (_tick_ending).
+        with merge_lock:
+            tick = watch.probe_started
+            step = watch.step = _timing.Step(ident, root, now, prev if tick is None else tick[0], cpu, cpu_prev)
+            if tick is not None:
+                step.cpu_prev = tick[1]
+                step.began = tick[0]
+        return step
+
+    def _tick_seen(self, watch: LoopWatch) -> None:
+        # A look landed in the probe's tick, too young to be a step of the
+        # loop's (_stacks.tick_held): looked at again once it would be one,
+        # should it last that long. (One look, not the fast looks a step
+        # brings: a tick is over in well under a millisecond.)
+        started = watch.probe_started
+        if started is not None:
+            due = started[0] + _stacks.tick_grace_s()
+            self._tick_due = min(self._tick_due, due) if self._tick_due else due
 
     def _hang(self, watch: LoopWatch, step: Step, innermost: FrameType, now: float, age: float, after: float) -> None:
         # Still running past hang_after_ms: reported now, from this thread
@@ -551,13 +640,18 @@ class Watchdog:
         self._finish(watch, stopped, cpu)
 
     def _report(self, stall: Stall) -> None:
+        # (Also on a loop's thread, from a tick of the probe: the lock's C
+        # methods, which no wrapper of aiocop's passes through.)
         watch = stall.watch
-        with merge_lock:
+        _forksafe.acquire(merge_lock)
+        try:
             io_start, io_end = watch.last_io
             if watch.last_io_ident == hash(stall.ident) and io_start <= stall.end and io_end >= stall.middle():
                 return  # its io event was delivered already (this look began before): one report per stall
             if attach_to_io is not None and attach_to_io(watch, stall):
                 return
+        finally:
+            _forksafe.release(merge_lock)
         if report_stall is not None:
             report_stall(stall)
 
@@ -566,6 +660,96 @@ def _on_gc(phase: str, info: dict[str, int]) -> None:
     thread = watchdog._thread
     if thread is not None and threading.get_ident() == thread.ident:
         _timing.note_gc(phase)
+
+
+# How much more CPU than its ticks told a guarded loop's thread may use in
+# one look's time before it counts as activity after all. Its own work around
+# a tick took up to 1.2 ms with the other core busy, and a look can span two
+# ticks. Beyond it, a tripwire taken away without tripping (a profiler's
+# `sys.setprofile` run as a loop callback, on 3.10-3.11) would leave a loop
+# that runs the application's code looking armed: its CPU, once past this,
+# sends the watchdog into its fast looks, which then see a step and disarm it.
+_GUARDED_SLACK_S = 0.005
+
+
+def _within_slack(watch: LoopWatch, cpu: float | None, probe_now: float) -> bool:
+    # (The ticks' own test, _timing.moved, with the slack added to what they told.)
+    return not _timing.moved(watch.idle_cpu, cpu, probe_now - watch.probe_seen + _GUARDED_SLACK_S)
+
+
+def _gone_from_the_os(thread: threading.Thread | None) -> None:
+    # A joined thread's OS thread can outlive the join by a moment, and
+    # CPython 3.12+ counts the OS's threads when it warns at a fork: the
+    # warning came once in ten runs of the fork test. Waited for, briefly.
+    native = getattr(thread, "native_id", None)
+    if native is None or not os.path.isdir("/proc/self/task"):
+        return
+    deadline = perf_counter() + 0.05
+    while os.path.exists(f"/proc/self/task/{native}") and perf_counter() < deadline:
+        _acquire(_pause, True, 0.001)
+
+
+_pause = allocate_lock()
+_pause.acquire()  # (held for good: acquiring it with a timeout is a short sleep)
+
+
+def _read_waits(watches: dict[int, LoopWatch]) -> None:
+    # While the looks come every few milliseconds, the wait of each idle loop
+    # that cannot be armed is read as it settles (once per wait): a step
+    # begun as its timer ends is then timed from that end when the next look
+    # comes a little late (the watchdog's thread waiting for a CPU, on a busy
+    # machine), within _waits.ON_TIME_S of the timer's end.
+    for watch in watches.values():
+        if watch.step is None and not _tripwire.can_arm(watch):
+            _waits.plan(watch)
+
+
+def _woke_at(watch: LoopWatch, ident: object, idle_since: float, now: float) -> float:
+    # When the loop, idle at `idle_since`, woke for the step `ident` first
+    # seen at `now` (0: not known): noted by asyncio's iteration, by the
+    # loop's tripwire, or, for a loop that cannot be armed, its timer's end.
+    return (
+        _timing.woke_at(ident, idle_since, now)
+        or _timing.tripped_at(watch, idle_since, now)
+        or _waits.woke_at(watch, idle_since, now)
+    )
+
+
+def _tick_ending(watch: LoopWatch, began: tuple[float, float], record: Callable[[float], None]) -> None:
+    # The probe's tick that began at `began` ends (on the loop's thread, still
+    # in it). One that held the loop for the threshold is a stall: the step
+    # the looks made of it if they saw it old enough (_stacks.tick_held), or
+    # else reported from here, whole (a tick does not trip the tripwire, so
+    # on an idle loop a slow look landed in one 4 to 10 times in 10, by phase).
+    try:
+        ended = perf_counter()
+        if (ended - began[0]) * 1000.0 < _state.config.threshold_ms:
+            return
+        cpu = thread_time()
+        # The step as the looks name it (the tick's frame, or asyncio's
+        # dispatch frame around it), read while the tick still holds: an io
+        # event of the tick's own (a blocking call in `record`, the SDK's
+        # lock) takes the stall, as it would theirs.
+        found = _stacks.step_of(sys._getframe(1), watch, ended)
+        _forksafe.acquire(merge_lock)  # (the C method: `with` would pass through aiocop's wrapper on a loop's thread)
+        try:
+            step = watch.step
+            if step is not None and step.began == began[0]:
+                # Known now, whether or not a look saw it past the threshold; and its end, exactly.
+                step.stalled = True
+                step.ended = ended
+                return
+            watch.probe_started = None  # no look takes the tick for a step from here (_new_step)
+        finally:
+            _forksafe.release(merge_lock)
+        # Named by its `record`, or by the probe's call of it (one written in C).
+        code = getattr(getattr(record, "__func__", record), "__code__", None)
+        if not isinstance(code, CodeType):
+            code = _probe.DelayProbe._settle.__code__
+        stall = _timing.held_tick(watch, began, ended, cpu, code, found[0] if found is not None else None)
+        watchdog._report(stall)
+    except Exception:
+        logger.exception("aiocop: could not report a tick of the loop-delay probe that held the loop (ignored)")
 
 
 def _send_heartbeat(watch: LoopWatch, now: float) -> None:
@@ -623,3 +807,4 @@ if hasattr(os, "register_at_fork"):
         after_in_child=_after_fork_in_child,
     )
 _loops.on_change = watchdog.loop_started
+_probe.tick_ending = _tick_ending

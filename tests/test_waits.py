@@ -1,0 +1,177 @@
+"""An idle loop written in C is looked at as its next timer ends (issue 29, aiocop/_stalls/waits.py).
+
+On Python 3.12+ such a loop cannot be armed to wake the watchdog; its thread
+waits in `epoll_wait`, whose timeout Linux shows in /proc. Here the
+watchdog's idle looks are made a minute apart, the threshold-bound looks of
+a loop that cannot be armed too: a wait that begins as the loop's timer
+ends is seen only because the watchdog planned a look for that moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+
+import aiocop
+from aiocop._interception import loops as _loops
+from aiocop._stalls import settings as _settings
+from aiocop._stalls import tripwire as _tripwire
+from aiocop._stalls import waits as _waits
+from aiocop._stalls import watchdog as _watchdog_module
+from tests import stalls
+from tests.conftest import Collector, run_on
+from tests.test_watchdog import stall_lines
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+WAIT_S = 0.2  # the wait, at a 30 ms threshold
+QUIET_S = 30.0  # for the watchdog to go to its long sleep: a busy machine's worst day
+LINUX = sys.platform == "linux" and os.uname().machine in _waits.EPOLL_WAITS
+# Loops that wait in io_uring rather than an epoll: no timeout to read.
+IO_URING = {"veloxloop"}
+
+
+@pytest.fixture
+def epoll_fd() -> Iterator[int]:
+    epoll = select.epoll() if hasattr(select, "epoll") else None
+    if epoll is None:
+        pytest.skip("no epoll on this system")
+    with epoll:
+        yield epoll.fileno()
+
+
+def test_only_an_epoll_wait_with_its_timeout_is_read(epoll_fd: int) -> None:
+    waits = frozenset({232, 281})
+    fd = f"{epoll_fd:#x}"
+    assert _waits.parse(f"281 {fd} 0x7ffd36362300 0x400 0x258 0x0 0x8 0x7ffd 0x7f85\n", waits) == 600
+    assert _waits.parse(f"232 {fd} 0x7f853aeb89c0 0x1 0x24b 0x0 0x0 0x7ffc 0x7f85\n", waits) == 587
+    # No timer: -1, written sign-extended or as a 32-bit value.
+    assert _waits.parse(f"281 {fd} 0x1 0x400 0xffffffffffffffff 0x0 0x8 0x1 0x1", waits) == -1
+    assert _waits.parse(f"281 {fd} 0x1 0x400 0xffffffff 0x0 0x8 0x1 0x1", waits) == -1
+    read, write = os.pipe()
+    try:
+        for line in (
+            "running",  # not in a system call
+            "426 0x3 0x0 0x1 0x1 0x0 0x8 0x1 0x1",  # io_uring_enter (veloxloop, Leviathan)
+            f"230 {fd} 0x0 0x1 0x258 0x0 0x8 0x1 0x1",  # clock_nanosleep: not a wait of the loop's
+            f"281 {read:#x} 0x1 0x400 0x258 0x0 0x8 0x1 0x1",  # the fd is a pipe, not an epoll
+            f"281 {fd} 0x1 0x400",  # cut short
+            f"281 {fd} 0x1 0x400 0xfffffffe 0x0",  # a timeout below -1
+            "281 zz 0x1 0x400 0x258",  # not hexadecimal
+            "-1 0x3 0x1 0x400 0x258",
+            "",
+        ):
+            assert _waits.parse(line, waits) is None, line
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def test_another_systems_or_machines_threads_are_never_planned_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Watch:
+        thread_id = 0
+        idle_cpu = 1.0
+        last_ran = (0.0, 1.0)
+        wait = None
+
+        def cpu_time(self) -> float:
+            return 1.0
+
+    monkeypatch.setattr(_waits, "_AVAILABLE", False)
+    assert _waits.plan(Watch()) is None  # type: ignore[arg-type]
+
+
+def _read(loop: asyncio.AbstractEventLoop) -> bool:
+    # The watchdog has read the loop's wait (a look or two after it went idle).
+    watch = next((w for w in _loops.watches.values() if w.loop is loop), None)
+    return watch is not None and watch.wait is not None and watch.wait.latest is not None
+
+
+async def wait_as_the_timer_ends() -> tuple[bool, float | None]:
+    """A wait of WAIT_S begun as the loop's next timer ends, after a quiet spell: (its waits read, the planned end)."""
+    loop = asyncio.get_running_loop()
+    deadline = time.monotonic() + QUIET_S
+    while not _read(loop):
+        if time.monotonic() > deadline:
+            return False, None
+        await asyncio.sleep(0.05)
+    # The timer: the watchdog sleeps long again before it ends (after half a
+    # second of quiet), its end planned for.
+    await asyncio.sleep(1.0)
+    stalls.wait_unseen(WAIT_S)
+    await asyncio.sleep(0.05)
+    watch = next(w for w in _loops.watches.values() if w.loop is loop)
+    return True, watch.wait.earliest if watch.wait is not None else None
+
+
+@pytest.mark.skipif(not LINUX, reason="the system call a thread waits in is read from Linux's /proc")
+def test_a_wait_begun_as_a_c_loops_timer_ends_is_reported(
+    detector: Collector, monkeypatch: pytest.MonkeyPatch, loop_name: str
+) -> None:
+    if _tripwire.PROFILE or loop_name == "asyncio":
+        pytest.skip(f"{loop_name} is armed here (it wakes the watchdog itself)")
+    if loop_name in IO_URING:
+        pytest.skip(f"{loop_name} waits in io_uring: looked at every half threshold instead")
+    monkeypatch.setattr(_settings.sampling, "idle_interval_ms", 60_000.0)
+    monkeypatch.setattr(_watchdog_module, "unarmed_interval", lambda: 60.0)
+    aiocop.detect_slow_tasks(threshold_ms=30)
+    quiet, planned = run_on(loop_name, wait_as_the_timer_ends())
+    assert quiet, "the watchdog never read the loop's wait"
+    events = detector.settle(1)
+    assert len(events) == 1, [(e.reason, e.call_site, round(e.elapsed_ms)) for e in events]
+    assert planned is not None, "the loop's wait was not read"
+    (event,) = events
+    assert event.call_site.endswith(tuple(f"tests/{line}" for line in stall_lines(stalls.wait_unseen))), event.call_site
+    # Timed from its timer's end, not from a look that came later.
+    assert event.elapsed_ms >= WAIT_S * 1000 * 0.9
+
+
+FREEZER = r"""
+import os, signal, sys, time
+pid, fd = int(sys.argv[1]), int(sys.argv[2])
+while os.read(fd, 1):
+    time.sleep(0.1)
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(0.4)
+    os.kill(pid, signal.SIGCONT)
+"""
+
+
+@pytest.mark.skipif(not LINUX, reason="the system call a thread waits in is read from Linux's /proc")
+def test_a_process_paused_past_a_loops_timer_gives_no_false_stall(detector: Collector, loop_name: str) -> None:
+    # The whole process stopped 0.4 s (a paused container, a throttled
+    # cgroup, a VM paused) while the loop waits for a timer: the loop's
+    # first step after it, a 20 ms wait, must not be dated from the timer's
+    # end, inside the pause (it was reported as a 300-400 ms stall).
+    if _tripwire.PROFILE or loop_name == "asyncio":
+        pytest.skip(f"{loop_name} is armed here (it wakes the watchdog itself)")
+    if loop_name in IO_URING:
+        pytest.skip(f"{loop_name} waits in io_uring: no timer is read")
+    aiocop.detect_slow_tasks(threshold_ms=100)
+    read, write = os.pipe()
+    freezer = subprocess.Popen([sys.executable, "-c", FREEZER, str(os.getpid()), str(read)], pass_fds=(read,))
+    os.close(read)
+
+    async def main() -> None:
+        for _ in range(3):
+            await asyncio.sleep(0.6)  # (the watchdog slows down, the loop's wait is read)
+            os.write(write, b"x")
+            await asyncio.sleep(0.3)  # stopped from 0.1 s to 0.5 s into this wait
+            stalls.wait_unseen(0.02)
+        await asyncio.sleep(0.1)
+
+    try:
+        run_on(loop_name, main())
+    finally:
+        os.close(write)
+        freezer.wait(10)
+    stalled = [e for e in detector.settle(1) if e.exceeded_threshold]  # (the pipe's writes are reported too)
+    assert stalled == [], [(e.reason, e.call_site, round(e.elapsed_ms)) for e in stalled]
