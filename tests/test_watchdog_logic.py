@@ -1,0 +1,914 @@
+"""The watchdog's and the hang reporter's decisions, against scripted looks and clocks (issue 36).
+
+The end-to-end tests (test_watchdog.py, test_hangs.py, test_tripwire.py)
+run real loops in real time, and a busy machine can delay any look. Here
+every input of a decision is given: the stack a look sees (real frames of a
+real asyncio iteration, captured once: tests/scripted.py), the time of the
+look and the loop thread's CPU clock then. Nothing sleeps, no thread runs,
+no real clock is read where a decision depends on it: each test passes or
+fails the same on any machine, on every Python.
+
+Times are seconds on the watchdog's clock, around 100.0; CPU clocks around
+1.0. Durations are compared to a nanosecond.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import sys
+from collections import deque
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from aiocop._interception import loops as _loops
+from aiocop._model import callbacks as _callbacks
+from aiocop._model import state as _state
+from aiocop._reporting import hangs as _hangs
+from aiocop._stalls import stacks as _stacks
+from aiocop._stalls import timing as _timing
+from aiocop._stalls import tripwire as _tripwire
+from aiocop._stalls import watchdog as _watchdog
+from aiocop._stalls.attribution import Stall, StalledTask
+from aiocop._stalls.settings import sampling
+from aiocop._stalls.timing import Step
+from tests.scripted import Frames, StubLoop, asyncio_frames, c_loop_frames, watch_of
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from types import FrameType
+
+    from tests.scripted import ScriptedWatch
+
+
+def near(value: float) -> Any:
+    return pytest.approx(value, abs=1e-9)
+
+
+class Recorded:
+    """What the watchdog handed on: stalls (finished steps) and hang reports (steps still running)."""
+
+    def __init__(self) -> None:
+        self.stalls: list[Stall] = []
+        # (report number, the step's age at the look, hung_s) for each hang report
+        self.hangs: list[tuple[int, float, float]] = []
+
+    def hang(self, watch: object, step: Step, innermost: FrameType, now: float) -> None:
+        self.hangs.append((step.hangs, now - step.t_first, step.hung_s))
+
+
+@pytest.fixture
+def rec(monkeypatch: pytest.MonkeyPatch) -> Recorded:
+    """Settings as the defaults have them (30 ms threshold, arm after 15 ms, hang after 1 s), reports recorded."""
+    recorded = Recorded()
+    monkeypatch.setattr(_state.config, "threshold_ms", 30.0)
+    monkeypatch.setattr(_state.config, "hang_after_ms", 1000.0)
+    monkeypatch.setattr(_state, "active", True)
+    monkeypatch.setattr(sampling, "arm_after_ms", None)  # half the threshold: 15 ms
+    monkeypatch.setattr(sampling, "interval_ms", 10.0)
+    monkeypatch.setattr(sampling, "idle_interval_ms", None)  # 100 ms
+    monkeypatch.setattr(sampling, "max_samples_per_slice", 32)
+    # No garbage collection of the watchdog's thread in the scripted gaps,
+    # and loop.time() on the watchdog's clock (both process-wide otherwise).
+    monkeypatch.setattr(_timing, "_pauses", deque(maxlen=32))
+    monkeypatch.setattr(_timing, "_MONOTONIC_TO_PERF", 0.0)
+    monkeypatch.setattr(_watchdog, "report_stall", recorded.stalls.append)
+    monkeypatch.setattr(_watchdog, "attach_to_io", None)
+    monkeypatch.setattr(_watchdog, "report_hang", recorded.hang)
+    return recorded
+
+
+class Looks:
+    """One loop, looked at by a fresh Watchdog at scripted times (the watchdog's per-loop look, `_poll_one`)."""
+
+    def __init__(self, watch: ScriptedWatch | None = None) -> None:
+        self.dog = _watchdog.Watchdog()  # (its thread is never started)
+        self.watch = watch if watch is not None else watch_of()
+
+    def at(self, now: float, cpu: float | None, frame: FrameType) -> bool:
+        """A look at `now` that sees `frame` on top of the loop's thread, its CPU clock at `cpu`: in a step?"""
+        return self.dog._poll_one(self.watch, frame, now, cpu)
+
+    @property
+    def step(self) -> Step:
+        step = self.watch.step
+        assert step is not None
+        return step
+
+
+@pytest.fixture
+def frames() -> Frames:
+    # The iteration noted it woke at -1.0: before any look here (asyncio's note unused unless a test sets it).
+    return asyncio_frames(steps=2, end_time=-1.0)
+
+
+# --- timing.Step: a step's start and end from the looks and the CPU clock ------------------------
+
+
+def step(t_prev: float, t_first: float, t_last: float, cpu_prev: float, cpu_first: float, cpu_last: float) -> Step:
+    s = Step(object(), object(), t_first, t_prev, cpu_first, cpu_prev)  # type: ignore[arg-type]
+    s.t_last, s.cpu_last = t_last, cpu_last
+    return s
+
+
+def test_cpu_bound_step_starts_where_the_cpu_clock_says(rec: Recorded) -> None:
+    """A CPU-bound step's start is timed from the CPU it used before its first sighting, not guessed.
+
+    Seen first at 100.010 having used 8 ms of CPU since the idle look at
+    100.000, at full speed (10 ms of CPU in 10 ms between its two looks):
+    it began at 100.002, not at the gap's middle (100.005).
+    """
+    s = step(100.000, 100.010, 100.020, 1.000, 1.008, 1.018)
+    assert s.cpu_rate() == near(1.0)
+    assert s.cpu_bound()
+    assert s.start() == near(100.002)
+    assert s.known_since() == near(100.002)  # known, not guessed: the stall is decided from here
+
+
+def test_cpu_bound_step_shares_the_cpu(rec: Recorded) -> None:
+    """Its thread getting half a CPU (the GIL shared), the CPU it used before is divided by that share.
+
+    4 ms of CPU at half speed is 8 ms of wall time: it began at 100.002.
+    """
+    s = step(100.000, 100.010, 100.030, 1.000, 1.004, 1.014)
+    assert s.cpu_rate() == near(0.5)
+    assert s.start() == near(100.002)
+
+
+def test_cpu_bound_start_never_before_the_last_look_that_did_not_see_it(rec: Recorded) -> None:
+    """CPU used before the step (its loop's own work) cannot place its start before the look that saw it idle."""
+    s = step(100.000, 100.010, 100.020, 1.000, 1.050, 1.060)
+    assert s.start() == near(100.000)
+
+
+def test_waiting_step_is_timed_to_the_middle_of_the_gaps(rec: Recorded) -> None:
+    """A step that waits (under a tenth of a CPU) shows nothing on the clock: each end is the middle of its gap."""
+    s = step(100.000, 100.010, 100.050, 1.000, 1.0001, 1.0002)
+    assert not s.cpu_bound()
+    assert s.start() == near(100.005)
+    assert s.end(100.060, 1.0003) == near(100.055)
+    # Decisions rest on the first sighting, not on the guess before it.
+    assert s.known_since() == near(100.010)
+
+
+def test_cpu_bound_rate_boundary(rec: Recorded) -> None:
+    """CPU_BOUND_RATE (a tenth of a CPU) is the line between working and waiting."""
+    working = step(100.000, 100.010, 100.050, 1.000, 1.000, 1.00401)  # 4.01 ms of CPU in 40 ms
+    assert working.cpu_bound()
+    assert working.start() == near(100.010)  # (no CPU before the first sighting: began right then)
+    waiting = step(100.000, 100.010, 100.050, 1.000, 1.000, 1.00399)
+    assert not waiting.cpu_bound()
+    assert waiting.start() == near(100.005)
+
+
+def test_step_seen_once_has_no_rate(rec: Recorded) -> None:
+    """One sighting gives no rate (no two looks in the step): timed as a wait, whatever its CPU clock did."""
+    s = step(100.000, 100.010, 100.010, 1.000, 1.010, 1.010)
+    assert s.cpu_rate() == 0.0
+    assert s.start() == near(100.005)
+    assert s.known_since() == near(100.010)
+
+
+def test_step_after_a_quiet_spell_starts_from_when_the_loop_woke(rec: Recorded) -> None:
+    """A step first seen long after the loop woke (`woke`: t_prev is the wake-up, not a look).
+
+    The loop woke at 100.300; its thread ran 0.4 ms of CPU before the step
+    began, and the step then waited: it began at 100.3004, not at the middle
+    of the 100 ms gap, and is known to have run since then.
+    """
+    s = step(100.300, 100.400, 100.400, 1.000, 1.0004, 1.0004)
+    s.woke = True
+    assert s.start() == near(100.3004)
+    assert s.known_since() == near(100.3004)
+    # Without the wake-up, the same looks give the middle of the gap and a sighting.
+    s.woke = False
+    assert s.start() == near(100.350)
+    assert s.known_since() == near(100.400)
+
+
+def test_woke_start_never_after_the_first_sighting(rec: Recorded) -> None:
+    s = step(100.300, 100.400, 100.400, 1.000, 1.200, 1.200)
+    s.woke = True
+    assert s.start() == near(100.400)
+
+
+def test_cpu_bound_end_from_the_cpu_clock(rec: Recorded) -> None:
+    """A CPU-bound step ends after its last sighting by the CPU its thread used since, at its pace."""
+    s = step(100.000, 100.010, 100.050, 1.000, 1.010, 1.050)
+    assert s.end(100.060, 1.053) == near(100.053)
+    assert s.end(100.060, 1.100) == near(100.060)  # never after the look that saw it gone
+    assert s.end(100.060, None) == near(100.055)  # no CPU clock: the middle of the gap
+
+
+def test_ends_told_by_the_loop_thread_win(rec: Recorded) -> None:
+    """`began`/`ended` (noted by the probe's tick itself) override every estimate."""
+    s = step(100.000, 100.010, 100.050, 1.000, 1.010, 1.050)
+    s.began, s.ended = 100.001, 100.0525
+    assert s.start() == 100.001
+    assert s.known_since() == 100.001
+    assert s.end(100.060, 1.053) == 100.0525
+
+
+def test_watchdog_gc_pause_is_added_to_the_cpu_estimate(rec: Recorded) -> None:
+    """While the watchdog's own thread collected garbage (holding the GIL), the loop thread could not run.
+
+    4 ms of that pause inside the gap before the first sighting: the step
+    began 4 ms earlier than its CPU alone says. Only the overlap with the gap counts.
+    """
+    _timing._pauses.append((99.990, 100.006))  # overlaps (100.000, 100.010) by 6 ms
+    s = step(100.000, 100.010, 100.020, 1.000, 1.004, 1.014)
+    assert s.start() == near(100.000)  # 4 ms of CPU + 6 ms of pause, from 100.010
+    _timing._pauses.clear()
+    _timing._pauses.append((100.003, 100.005))
+    assert s.start() == near(100.004)
+
+
+def test_note_gc_records_the_watchdog_threads_collections(rec: Recorded, monkeypatch: pytest.MonkeyPatch) -> None:
+    readings = iter([100.003, 100.005])
+    monkeypatch.setattr(_timing, "perf_counter", lambda: next(readings))
+    _timing.note_gc("start")
+    _timing.note_gc("stop")
+    assert list(_timing._pauses) == [(100.003, 100.005)]
+    _timing.note_gc("stop")  # a stop without its start: nothing
+    assert len(_timing._pauses) == 1
+
+
+def test_stall_of_carries_what_the_looks_saw(rec: Recorded) -> None:
+    """The stall of a finished step: most frequent sample first, waiting if not CPU-bound, the top
+    sample's waiting flag from whether at least half its sightings were idle on the CPU."""
+    watch = watch_of()
+    s = step(100.000, 100.010, 100.050, 1.000, 1.0001, 1.0002)
+    a, b = ((step.__code__, 0),), ((near.__code__, 2),)
+    s.samples = {a: 1, b: 4}
+    s.waiting = {b: 2}
+    s.hangs, s.hung_s = 2, 3.5
+    stall = _timing.stall_of(s, 100.005, 100.055, watch)
+    assert stall.samples == [(b, 4), (a, 1)]
+    assert stall.waiting and stall.waiting_top
+    assert (stall.start, stall.end, stall.seen_until) == (100.005, 100.055, 100.050)
+    assert (stall.hang_reports, stall.hung_s) == (2, 3.5)
+    s.waiting = {b: 1}
+    assert not _timing.stall_of(s, 100.005, 100.055, watch).waiting_top
+
+
+def test_held_tick_is_waiting_below_a_tenth_of_a_cpu(rec: Recorded) -> None:
+    """A probe's tick that held the loop is reported whole, exact ends; waiting if it used < 10% CPU."""
+    watch = watch_of()
+    code = test_held_tick_is_waiting_below_a_tenth_of_a_cpu.__code__
+    waited = _timing.held_tick(watch, (100.0, 1.0), 100.05, 1.004, code, None)
+    assert (waited.start, waited.end, waited.waiting, waited.seen_until) == (100.0, 100.05, True, 100.05)
+    worked = _timing.held_tick(watch, (100.0, 1.0), 100.05, 1.005, code, None)
+    assert not worked.waiting
+
+
+# --- the helpers: what a loop did between looks ----------------------------------------------------
+
+
+def test_moved_discounts_the_probes_ticks(rec: Recorded) -> None:
+    """An idle loop's CPU moved by no more than its probe ticks told is no activity; unknown clocks are."""
+    assert not _timing.moved(1.000, 1.0015, 0.002)
+    assert _timing.moved(1.000, 1.0025, 0.002)
+    assert _timing.moved(1.000, 1.0015, 0.001)
+    assert _timing.moved(None, 1.0, 0.0)
+    assert _timing.moved(1.0, None, 0.0)
+
+
+def test_remember_idle(rec: Recorded) -> None:
+    """An idle look notes when and at what CPU; `last_ran` is the gap in which the thread last ran."""
+    watch = watch_of()
+    _timing.remember_idle(watch, 100.0, 1.0, 99.9)
+    assert (watch.idle_t, watch.idle_cpu, watch.last_ran) == (100.0, 1.0, None)  # first seen: wait start unknown
+    _timing.remember_idle(watch, 100.1, 1.002, 100.0)
+    assert watch.last_ran == (100.0, 100.1)  # it ran between these looks, and waits again
+    _timing.remember_idle(watch, 100.2, 1.002, 100.1)
+    assert watch.last_ran == (100.0, 100.1)  # still in that wait
+    _timing.remember_idle(watch, 100.3, None, 100.2)
+    assert watch.last_ran is None
+
+
+def test_last_other(rec: Recorded) -> None:
+    """What a new step is timed from: the heartbeat's run, else the previous step's last look, else the idle look."""
+    watch = watch_of()
+    prev = step(100.0, 100.01, 100.05, 1.0, 1.01, 1.05)
+    watch.beat_done = 100.052
+    assert _timing.last_other(watch, prev, True, 100.06) == (100.052, 1.05)
+    assert _timing.last_other(watch, prev, False, 100.06) == (100.05, 1.05)
+    watch.idle_t, watch.idle_cpu = 100.04, 1.04
+    assert _timing.last_other(watch, None, False, 100.06) == (100.04, 1.04)
+    watch.idle_t = 0.0
+    assert _timing.last_other(watch, None, False, 100.3) == (near(100.2), None)  # an idle interval back, guessed
+
+
+def test_last_seen(rec: Recorded) -> None:
+    watch = watch_of()
+    watch.idle_t, watch.idle_cpu = 100.0, 1.0
+    assert _timing.last_seen(watch) == (100.0, 1.0)
+    watch.step = step(100.0, 100.01, 100.05, 1.0, 1.01, 1.05)
+    assert _timing.last_seen(watch) == (100.05, 1.05)
+
+
+def test_loop_came_back_once_per_heartbeat(rec: Recorded) -> None:
+    """The heartbeat posted in a step has run: the loop iterated. True once, then the heartbeat is spent."""
+    watch = watch_of()
+    watch.beat_posted = 100.01
+    assert not _timing.loop_came_back(watch)
+    watch.beat_done = 100.02
+    assert _timing.loop_came_back(watch)
+    assert watch.beat_posted == 0.0
+    assert not _timing.loop_came_back(watch)
+
+
+def test_tripped_at_window(rec: Recorded) -> None:
+    """The tripwire's wake-up counts only inside (idle look, this look]."""
+    watch = watch_of()
+    watch.tripped = 100.3
+    assert _timing.tripped_at(watch, 100.0, 100.4) == 100.3
+    assert _timing.tripped_at(watch, 100.0, 100.3) == 100.3
+    assert _timing.tripped_at(watch, 100.3, 100.4) == 0.0  # before the idle look: an earlier wake-up
+    assert _timing.tripped_at(watch, 100.0, 100.2) == 0.0
+
+
+def test_woke_at_reads_asyncios_note_of_its_wake_up(rec: Recorded) -> None:
+    """asyncio's iteration notes `end_time` as its select returns: the dispatch frame's caller holds it."""
+    woke = asyncio_frames(steps=1, end_time=100.3)
+    ident = woke.steps[0].f_back  # Handle._run, the step's identity
+    assert _timing.woke_at(ident, 100.0, 100.4) == near(100.3)
+    assert _timing.woke_at(ident, 100.3, 100.4) == 0.0  # noted before the idle look
+    assert _timing.woke_at(ident, 100.0, 100.2) == 0.0  # after this look: a later iteration's
+    # Not asyncio's _run_once (a loop of another kind, a stand-in named alike): not read.
+    fake = SimpleNamespace(
+        f_back=SimpleNamespace(
+            f_code=SimpleNamespace(co_name="_run_once"), f_globals={"__name__": "x"}, f_locals={"end_time": 100.3}
+        )
+    )
+    assert _timing.woke_at(fake, 100.0, 100.4) == 0.0
+    assert _timing.woke_at(object(), 100.0, 100.4) == 0.0
+
+
+def test_all_quiet(rec: Recorded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cheap look: nothing can have started if no loop thread's CPU clock moved (and none is in a step)."""
+    monkeypatch.setattr(_timing, "perf_counter", lambda: 100.5)
+    watch = watch_of()
+    watch.idle_t, watch.idle_cpu, watch.cpu_now = 100.0, 1.0, 1.0
+    assert _timing.all_quiet({1: watch})
+    assert watch.idle_t == 100.5  # a step starting after this began after it
+    watch.cpu_now = 1.0000001
+    assert not _timing.all_quiet({1: watch})
+    watch.cpu_now, watch.own = 1.0, True  # in the probe's tick: it may be holding the loop
+    assert not _timing.all_quiet({1: watch})
+    watch.own, watch.idle_cpu = False, None
+    assert not _timing.all_quiet({1: watch})
+
+
+# --- the watchdog's look (Watchdog._poll_one), scripted ---------------------------------------
+
+
+def test_look_sequence_cpu_bound_stall(rec: Recorded, frames: Frames) -> None:
+    """Idle, a CPU-bound step seen three times, idle: one stall, its ends from the CPU clock.
+
+    Seen at 100.010 with 8 ms of CPU since the idle look: began 100.002.
+    At 100.020 (age 18 ms, past arm_after) its task is read and it is
+    sampled; at 100.040 (age 38 ms) it is a stall; seen gone at 100.050
+    having used 7 ms more: ended 100.047.
+    """
+    looks = Looks()
+    a = frames.steps[0]
+    assert not looks.at(100.000, 1.000, frames.idle)
+    assert looks.at(100.010, 1.008, a)
+    s = looks.step
+    assert s.ident is a.f_back and s.root is a  # Handle._run is the identity, the callback the root
+    assert s.task is None and not s.samples
+    assert looks.at(100.020, 1.018, a)
+    assert looks.step is s
+    assert isinstance(s.task, StalledTask) and sum(s.samples.values()) == 1
+    assert not s.stalled
+    assert looks.at(100.040, 1.038, a)
+    assert s.stalled and sum(s.samples.values()) == 2
+    assert not rec.stalls
+    assert not looks.at(100.050, 1.045, frames.idle)
+    assert looks.watch.step is None
+    [stall] = rec.stalls
+    assert (stall.start, stall.end) == (near(100.002), near(100.047))
+    assert not stall.waiting
+    assert stall.ident is a.f_back and stall.seen_until == 100.040
+    assert stall.samples == [(((a.f_code, a.f_lasti),), 2)]
+    assert looks.watch.last_ran == (100.040, 100.050)  # it ran since the look before, and waits again
+    assert not rec.hangs
+
+
+def test_look_sequence_waiting_stall(rec: Recorded, frames: Frames) -> None:
+    """A step that waits, seen from 100.010 to 100.045 (35 ms from the first sighting): a stall timed by midpoints."""
+    looks = Looks()
+    a = frames.steps[0]
+    looks.at(100.000, 1.000, frames.idle)
+    looks.at(100.010, 1.0001, a)
+    looks.at(100.030, 1.0001, a)
+    assert not looks.step.stalled  # 20 ms since the first sighting
+    looks.at(100.045, 1.0001, a)
+    assert looks.step.stalled  # 35 ms
+    looks.at(100.060, 1.0002, frames.idle)
+    [stall] = rec.stalls
+    assert (stall.start, stall.end) == (near(100.005), near(100.0525))
+    assert stall.waiting
+
+
+def test_wait_not_seen_past_the_threshold_is_no_stall(rec: Recorded, frames: Frames) -> None:
+    """A wait whose midpoint-timed length is 37.5 ms but that no look saw run for 30 ms is not reported.
+
+    Its ends are guesses: only a sighting `threshold` after the first makes it one.
+    """
+    looks = Looks()
+    a = frames.steps[0]
+    looks.at(100.000, 1.000, frames.idle)
+    looks.at(100.020, 1.000, a)
+    looks.at(100.045, 1.000, a)  # 25 ms after the first sighting
+    looks.at(100.050, 1.000, frames.idle)
+    assert not rec.stalls
+
+
+@pytest.mark.parametrize("armed_look", [True, False], ids=["seen-past-arm_after", "not-seen-past-arm_after"])
+def test_cpu_bound_step_never_seen_stalled(rec: Recorded, frames: Frames, armed_look: bool) -> None:
+    """A CPU-bound step whose clock-timed length reaches the threshold is a stall though no look saw it
+    at the threshold: if a look saw it past arm_after (its task read then). Otherwise not reported."""
+    looks = Looks()
+    a = frames.steps[0]
+    looks.at(100.000, 1.000, frames.idle)
+    looks.at(100.010, 1.010, a)  # 10 ms of CPU since the idle look: began 100.000
+    if armed_look:
+        looks.at(100.025, 1.025, a)  # age 25 ms: task read, not yet a stall
+    else:
+        looks.at(100.012, 1.012, a)  # age 12 ms
+    assert not looks.step.stalled
+    looks.at(100.040, 1.034, frames.idle)  # ended at 100.034: 34 ms
+    if armed_look:
+        [stall] = rec.stalls
+        assert (stall.start, stall.end) == (near(100.000), near(100.034))
+    else:
+        assert not rec.stalls
+
+
+def test_short_cpu_bound_step_is_no_stall(rec: Recorded, frames: Frames) -> None:
+    looks = Looks()
+    a = frames.steps[0]
+    looks.at(100.000, 1.000, frames.idle)
+    looks.at(100.010, 1.010, a)
+    looks.at(100.025, 1.025, a)
+    looks.at(100.040, 1.028, frames.idle)  # ended 100.028: 28 ms
+    assert not rec.stalls
+
+
+def test_next_step_finishes_the_previous(rec: Recorded, frames: Frames) -> None:
+    """Two steps back to back: the second's dispatch frame differs; the first is finished as it is seen,
+    and the second is timed from the first's last sighting."""
+    looks = Looks()
+    a, b = frames.steps
+    looks.at(100.000, 1.000, frames.idle)
+    looks.at(100.010, 1.010, a)
+    looks.at(100.050, 1.050, a)
+    looks.at(100.060, 1.060, b)
+    [stall] = rec.stalls
+    assert stall.ident is a.f_back and stall.end == near(100.060)  # CPU-bound up to b's first sighting
+    s = looks.step
+    assert s.ident is b.f_back
+    assert (s.t_prev, s.cpu_prev) == (100.050, 1.050)
+
+
+@pytest.mark.parametrize("how", ["tripwire", "asyncio"])
+def test_first_step_after_a_quiet_spell_is_timed_from_the_wake_up(rec: Recorded, how: str) -> None:
+    """The first step after the watchdog slept 400 ms is timed from when the loop woke (its tripwire,
+    or asyncio's own note), so a look that comes late still sees it run for 100 ms: a stall at once."""
+    frames = asyncio_frames(steps=1, end_time=100.300 if how == "asyncio" else -1.0)
+    looks = Looks()
+    a = frames.steps[0]
+    looks.at(100.000, 1.000, frames.idle)
+    if how == "tripwire":
+        looks.watch.tripped = 100.300
+    looks.at(100.400, 1.0004, a)
+    s = looks.step
+    assert s.woke and s.t_prev == near(100.300)
+    assert s.start() == near(100.3004)
+    assert s.stalled  # seen once, 99.6 ms after it began
+
+
+def test_first_step_without_a_wake_up_is_timed_from_its_sighting(rec: Recorded, frames: Frames) -> None:
+    looks = Looks()
+    looks.at(100.000, 1.000, frames.idle)
+    looks.at(100.400, 1.0004, frames.steps[0])
+    assert not looks.step.woke and not looks.step.stalled
+    assert looks.step.start() == near(100.200)
+
+
+def test_new_step_disarms_a_tripwire_that_did_not_trip(rec: Recorded, frames: Frames) -> None:
+    """A step seen while the loop is still marked armed: the tripwire missed it, is not trusted again."""
+    looks = Looks()
+    looks.watch.armed = True
+    looks.at(100.000, 1.000, frames.idle)
+    assert looks.watch.armed
+    looks.at(100.010, 1.001, frames.steps[0])
+    assert not looks.watch.armed
+
+
+# --- hangs: the watchdog's decision and the reporter's state machine -------------------------
+
+
+def hang_script(looks: Looks, frames: Frames, ages: list[float], t0: float = 100.0) -> None:
+    """An idle look a quarter second before `t0`, then a waiting step first seen at `t0`, looked at at these ages."""
+    a = frames.steps[0]
+    looks.at(t0 - 0.25, 1.0, frames.idle)
+    for age in [0.0, *ages]:
+        looks.at(t0 + age, 1.0, a)
+
+
+def test_hang_reports_at_hang_after_then_doubling(rec: Recorded, frames: Frames) -> None:
+    """Looks every 250 ms for 20 s: reports at ages 1, 2, 4, 8, 16 s (hang_after, then twice as long each time)."""
+    looks = Looks()
+    hang_script(looks, frames, [k * 0.25 for k in range(1, 81)])
+    assert [(n, age) for n, age, _ in rec.hangs] == [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (5, 16.0)]
+    # How long it had run at each report, from its start (the middle of 99.75..100.0).
+    assert [hung for _, _, hung in rec.hangs] == [near(age + 0.125) for _, age, _ in rec.hangs]
+    assert looks.step.hangs == 5 and looks.step.hang_next == 32.0
+    assert not rec.stalls  # still running: no stall event yet
+
+
+def test_hang_interval_counts_from_a_late_report(rec: Recorded, frames: Frames) -> None:
+    """Looks that come late: each next report is due the interval after the late one, never sooner."""
+    looks = Looks()
+    hang_script(looks, frames, [0.75, 1.25, 2.0, 2.25, 4.0, 4.5, 8.25, 8.5])
+    assert [age for _, age, _ in rec.hangs] == [1.25, 2.25, 4.5, 8.5]
+
+
+def test_hang_interval_capped(rec: Recorded, frames: Frames, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interval stops growing at _HANG_REPEAT_MAX_S (300 s).
+
+    hang_after 100 s: reports at 100, 200, 400, 700, 1000 s.
+    """
+    monkeypatch.setattr(_state.config, "hang_after_ms", 100_000.0)
+    looks = Looks()
+    hang_script(looks, frames, [k * 50.0 for k in range(1, 23)])
+    assert [age for _, age, _ in rec.hangs] == [100.0, 200.0, 400.0, 700.0, 1000.0]
+
+
+def test_hung_step_gets_its_stall_once_when_it_ends(rec: Recorded, frames: Frames) -> None:
+    """A hang ends: one stall event, carrying its hang reports; no hang report after, none for the next step."""
+    looks = Looks()
+    hang_script(looks, frames, [k * 0.25 for k in range(1, 13)])  # up to 3 s: reports at 1 and 2 s
+    assert len(rec.hangs) == 2
+    looks.at(103.25, 1.0, frames.idle)
+    [stall] = rec.stalls
+    assert (stall.hang_reports, stall.hung_s) == (2, near(2.125))
+    assert (stall.start, stall.end) == (near(99.875), near(103.125))
+    for k in range(14, 40):  # idle for longer than any interval: nothing more
+        looks.at(100.0 + k * 0.25, 1.0, frames.idle)
+    looks.dog.finish(looks.watch, 110.0, 1.0)  # the loop stops: nothing left to finish
+    assert len(rec.stalls) == 1 and len(rec.hangs) == 2
+    # The next step starts its own count.
+    b = frames.steps[1]
+    for k in range(7):
+        looks.at(111.0 + k * 0.25, 1.0, b)
+    assert rec.hangs[2][:2] == (1, 1.0)
+
+
+def test_step_stopped_with_its_loop_reported_once(rec: Recorded, frames: Frames) -> None:
+    """The loop stops while its hung step is the last: finished by the stop, not again by the next look."""
+    looks = Looks()
+    hang_script(looks, frames, [0.5, 1.0, 1.5])
+    looks.dog.finish(looks.watch, 101.75, 1.0)
+    assert len(rec.stalls) == 1 and rec.stalls[0].hang_reports == 1
+    looks.dog._finish(looks.watch, 102.0, 1.0)
+    assert len(rec.stalls) == 1
+
+
+def test_stall_goes_to_its_io_event_once(rec: Recorded, frames: Frames, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One report per stall: a stall its step's io event takes (pending, or delivered already) is not reported alone."""
+    taken: list[Stall] = []
+    monkeypatch.setattr(_watchdog, "attach_to_io", lambda watch, stall: taken.append(stall) or True)
+    looks = Looks()
+    hang_script(looks, frames, [0.25])
+    looks.at(100.5, 1.0, frames.idle)
+    assert len(taken) == 1 and not rec.stalls
+    # Its io event delivered before this look: the window covers the stall's middle, the same step.
+    b = frames.steps[1]
+    hang_script(looks, frames, [0.25], t0=101.0)  # (a's frame again: a new step, the watch was idle)
+    looks.watch.delivered(looks.step.ident, 100.9, 101.4)
+    looks.at(101.5, 1.0, b)
+    assert len(taken) == 1 and not rec.stalls
+
+
+def test_no_hang_reports_when_off(rec: Recorded, frames: Frames, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_state.config, "hang_after_ms", None)
+    looks = Looks()
+    hang_script(looks, frames, [k * 0.25 for k in range(1, 81)])
+    assert not rec.hangs and looks.step.stalled
+    looks.at(120.5, 1.0, frames.idle)
+    assert rec.stalls[0].hang_reports == 0
+
+
+def test_step_ending_before_hang_after_is_no_hang(rec: Recorded, frames: Frames) -> None:
+    looks = Looks()
+    hang_script(looks, frames, [0.25, 0.5, 0.75])
+    looks.at(101.0, 1.0, frames.idle)
+    assert not rec.hangs and len(rec.stalls) == 1
+
+
+def test_c_loop_step_needs_its_heartbeat_to_be_a_stall(rec: Recorded) -> None:
+    """On a loop written in C a task's steps share their root: a step is proven stuck only by a heartbeat
+    posted at its first sighting and not yet run. A loop that is not running gets none: never a stall."""
+    base, inner = c_loop_frames()
+    loop = StubLoop(running=False)
+    looks = Looks(watch_of(loop, base))
+    looks.at(100.000, 1.000, base)  # only the frame that called into the loop: idle
+    assert looks.watch.step is None
+    for k in range(1, 12):
+        looks.at(100.0 + k * 0.25, 1.0, inner)
+    assert looks.step.ident is inner  # the root is the identity
+    assert not loop.calls and not looks.step.stalled and not rec.hangs
+
+
+def test_c_loop_heartbeat_splits_steps_sharing_a_root(rec: Recorded) -> None:
+    """The heartbeat ran (the loop iterated) while the same root is seen again: a new step of the same
+    task. The first ends no later than the heartbeat's run; the next is timed from it, with a new heartbeat."""
+    base, inner = c_loop_frames()
+    loop = StubLoop(running=True)
+    looks = Looks(watch_of(loop, base))
+    looks.at(100.000, 1.000, base)
+    looks.at(100.010, 1.010, inner)
+    assert len(loop.calls) == 1 and looks.watch.beat_posted == 100.010  # posted at the first sighting
+    looks.at(100.050, 1.050, inner)
+    first = looks.step
+    assert first.stalled  # proven: the heartbeat has not run
+    looks.watch.beat_done = 100.052  # (what the posted callback does on the loop's thread)
+    looks.at(100.060, 1.055, inner)
+    [stall] = rec.stalls
+    assert (stall.start, stall.end) == (near(100.000), near(100.052))  # not 100.055, its CPU estimate
+    second = looks.step
+    assert second is not first and (second.t_prev, second.cpu_prev) == (100.052, 1.050)
+    assert len(loop.calls) == 2 and looks.watch.beat_posted == 100.060
+
+
+def test_hang_report_content(rec: Recorded, frames: Frames, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hangs.report: what a report holds, taken at the look (handed to the reporter thread, stubbed here)."""
+    submitted: list[_hangs.Hang] = []
+    monkeypatch.setattr(_hangs, "reporter", SimpleNamespace(submit=submitted.append))
+    monkeypatch.setattr(_watchdog, "report_hang", _hangs.report)
+    looks = Looks()
+    hang_script(looks, frames, [0.5, 1.0])
+    [hang] = submitted
+    a = frames.steps[0]
+    assert hang.number == 1 and hang.elapsed_s == near(1.125) and hang.waiting
+    assert hang.stack == ((a.f_code, a.f_lasti),)  # up to the step's root, no further
+    assert hang.watch is looks.watch and hang.task is looks.step.task
+    assert (hang.blocker, hang.wrapped, hang.provided, hang.found_group) == ("", "", None, False)
+    event = _hangs.build_event(hang)
+    assert (event.reason, event.ongoing, event.hang_reports) == ("hang", True, 1)
+    assert event.elapsed_ms == event.hung_ms == near(1125.0)
+    assert event.exceeded_threshold and event.threshold_ms == 30.0
+    # Paused (deactivate()): the watchdog still counts it, nothing is reported.
+    monkeypatch.setattr(_state, "active", False)
+    looks.at(102.0, 1.0, a)
+    assert len(submitted) == 1 and looks.step.hangs == 2
+
+
+def test_hang_context_runs_providers_only_for_a_step_with_no_blocking_call(
+    rec: Recorded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = StalledTask(None, contextvars.Context(), True)
+    hang = _hangs.Hang(watch_of(), task, (), False, 1.0, 1, None, False, "", "", "")
+    monkeypatch.setattr(_callbacks, "_providers", ())
+    assert _hangs._context(hang) == {}
+    monkeypatch.setattr(_callbacks, "_providers", (lambda: {"request": "r1"},))
+    assert _hangs._context(hang) == {"request": "r1"}
+    hang.provided = {"request": "r0"}
+    assert _hangs._context(hang) == {"request": "r0"}  # what they returned at the step's first blocking call
+
+
+def test_reporter_queue_drops_the_oldest(rec: Recorded) -> None:
+    """At most _MAX_QUEUED reports wait: the oldest go first (a later report of a hang is fresher)."""
+    reporter = _hangs._Reporter()
+    reporter._thread = object()  # type: ignore[assignment]  # (a thread "already running": none is started)
+    for n in range(_hangs._MAX_QUEUED + 6):
+        reporter.submit(n)  # type: ignore[arg-type]
+    assert reporter.dropped == 6
+    assert list(reporter._queue) == list(range(6, _hangs._MAX_QUEUED + 6))
+
+
+def test_reporter_logs_a_stuck_callback_once_per_run(
+    rec: Recorded, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [105.0]
+    monkeypatch.setattr(_hangs, "perf_counter", lambda: now[0])
+    reporter = _hangs._Reporter()
+    reporter._thread = object()  # type: ignore[assignment]
+    reporter._busy_since = 100.0
+    with caplog.at_level(logging.ERROR, logger="aiocop"):
+        reporter.submit(0)  # type: ignore[arg-type]  # 5 s: not yet
+        now[0] = 110.5
+        reporter.submit(1)  # type: ignore[arg-type]
+        reporter.submit(2)  # type: ignore[arg-type]
+        reporter._busy_since, now[0] = 111.0, 121.5  # the next callback's run, stuck too
+        reporter.submit(3)  # type: ignore[arg-type]
+    stuck = [r for r in caplog.records if "has been running" in r.getMessage()]
+    assert len(stuck) == 2
+
+
+def test_blocked_by_loop(rec: Recorded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a metrics exporter reads: a loop's current step counts once it is a stall, until it is reported."""
+    monkeypatch.setattr(_hangs, "perf_counter", lambda: 105.0)
+    watch = watch_of()
+    monkeypatch.setattr(_loops, "watches", {1: watch})
+    key = ("tests.scripted.StubLoop", watch.thread_name)
+    assert _hangs.blocked_by_loop() == {key: 0.0}
+    watch.step = step(99.0, 100.0, 104.0, 1.0, 1.0, 1.0)
+    assert _hangs.blocked_by_loop() == {key: 0.0}  # not a stall (yet)
+    watch.step.stalled = True
+    assert _hangs.blocked_by_loop() == {key: near(5.5)}
+    watch.step.merged = True
+    assert _hangs.blocked_by_loop() == {key: 0.0}
+
+
+# --- the tripwire's decisions --------------------------------------------------------------------
+
+
+def test_in_place_and_guards(rec: Recorded) -> None:
+    """An armed loop is guarded only once its tripwire is in place and a look has seen it idle since."""
+    watch = watch_of()
+    assert _tripwire.in_place(watch) and not _tripwire.guards(watch)  # not armed: nothing to wait for
+    watch.armed = True
+    assert not _tripwire.in_place(watch)  # the arming callback has not run yet
+    watch.tripwire_set = 100.0
+    watch.idle_t = 99.9
+    assert not _tripwire.in_place(watch)  # no idle look since: a step may have begun before it was set
+    watch.idle_t = 100.0
+    assert not _tripwire.in_place(watch)  # (strictly after)
+    watch.idle_t = 100.1
+    assert _tripwire.in_place(watch) and _tripwire.guards(watch)
+
+
+def test_step_seen_disarms_except_in_aiocops_own_callback(rec: Recorded) -> None:
+    watch = watch_of()
+    watch.armed, watch.own = True, True
+    _tripwire.step_seen(watch)
+    assert watch.armed  # the probe's tick: no step of the loop's
+    watch.own = False
+    _tripwire.step_seen(watch)
+    assert not watch.armed
+
+
+class ArmableLoop(asyncio.SelectorEventLoop):  # type: ignore[misc,valid-type]
+    """A real asyncio loop, never run: it reads as running, and thread-safe calls are recorded, not sent."""
+
+    def __init__(self) -> None:
+        self.pretend_running = False
+        super().__init__()
+        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
+        self.pretend_running = True
+
+    def is_running(self) -> bool:
+        return self.pretend_running
+
+    def call_soon_threadsafe(self, callback: Any, *args: Any, context: Any = None) -> Any:
+        self.calls.append((callback, args))
+
+
+@pytest.fixture
+def armable(monkeypatch: pytest.MonkeyPatch) -> Iterator[ArmableLoop]:
+    loop = ArmableLoop()
+    monkeypatch.setattr(_tripwire, "perf_counter", lambda: 200.0)
+    monkeypatch.setattr(_tripwire, "thread_time", lambda: 5.0)
+    yield loop
+    loop.pretend_running = False
+    loop.close()
+
+
+def test_arm_decisions(rec: Recorded, armable: ArmableLoop) -> None:
+    """arm(): a loop that can be armed gets one callback; a loop not running, or left unarmable, gets none."""
+    watch = watch_of(armable)
+    woken: list[int] = []
+    assert _tripwire.arm(watch, lambda: woken.append(1))
+    assert watch.armed and [c for c, _ in armable.calls] == [_tripwire._install]
+    assert _tripwire.arm(watch, lambda: None) and len(armable.calls) == 1  # idempotent while armed
+    stub = watch_of(StubLoop(running=True))
+    # A loop that is not asyncio's (written in C): armed with a profile function up to 3.11, never from 3.12.
+    assert _tripwire.can_arm(stub) is _tripwire.PROFILE
+    idle = watch_of(StubLoop(running=False))
+    assert _tripwire.arm(idle, lambda: None) is _tripwire.PROFILE and not idle.armed
+    watch.unarmable = True
+    assert not _tripwire.can_arm(watch)
+
+
+def _apps_callback() -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    "pending",
+    ["nothing", "own-ready", "own-timer-due", "app-timer-later", "app-ready", "app-timer-due", "cancelled-app-ready"],
+)
+def test_select_tripwire(rec: Recorded, armable: ArmableLoop, monkeypatch: pytest.MonkeyPatch, pending: str) -> None:
+    """3.12+ (and any asyncio loop): the selector's select, wrapped, trips only when what the loop will
+    run next is the application's: a ready callback or a due timer not of aiocop's own."""
+    monkeypatch.setattr(_tripwire, "PROFILE", False)
+    watch = watch_of(armable)
+    woken: list[int] = []
+    _tripwire.arm(watch, lambda: woken.append(1))
+    [(install, args)] = armable.calls
+    install(*args)  # the arming callback, run "on the loop's thread"
+    selector = armable._selector  # type: ignore[attr-defined]
+    assert watch.armed and watch.tripwire_set == 200.0 and "select" in vars(selector)
+    own = _tripwire.step_seen  # a function of aiocop's tripwire module: its own
+    if pending == "own-ready":
+        armable.call_soon(own, watch)
+    elif pending == "own-timer-due":
+        armable.call_at(armable.time() - 1.0, own, watch)
+    elif pending == "app-timer-later":
+        armable.call_at(armable.time() + 3600.0, _apps_callback)
+    elif pending == "app-ready":
+        armable.call_soon(_apps_callback)
+    elif pending == "app-timer-due":
+        armable.call_at(armable.time() - 1.0, _apps_callback)
+    elif pending == "cancelled-app-ready":
+        armable.call_soon(_apps_callback).cancel()
+    monkeypatch.setattr(_tripwire, "perf_counter", lambda: 201.0)
+    assert selector.select(0) == []
+    trips = pending.startswith(("app-ready", "app-timer-due"))
+    assert watch.armed is not trips
+    assert woken == ([1] if trips else [])
+    assert watch.tripped == (201.0 if trips else 0.0)
+    assert ("select" in vars(selector)) is not trips  # removed as it trips
+
+
+@pytest.mark.skipif(not _tripwire.PROFILE, reason="the profile-function tripwire is used up to 3.11 only")
+class TestProfileTripwire:
+    """Up to 3.11: a profile function on the loop's thread, driven here event by event with scripted clocks."""
+
+    @pytest.fixture
+    def tripwire(self, monkeypatch: pytest.MonkeyPatch) -> tuple[ScriptedWatch, list[float], list[int]]:
+        clock = [200.0, 5.0]  # [perf_counter, thread_time]
+        monkeypatch.setattr(_tripwire, "perf_counter", lambda: clock[0])
+        monkeypatch.setattr(_tripwire, "thread_time", lambda: clock[1])
+        watch = watch_of()
+        watch.armed = True
+        woken: list[int] = []
+        try:
+            assert _tripwire._set_profile(watch, lambda: woken.append(1), 5.0)
+        finally:
+            sys.setprofile(None)  # driven by hand below, not by this thread's own events
+        return watch, clock, woken
+
+    def test_trips_at_the_first_app_frame_after_a_sleep(self, rec: Recorded, frames: Frames, tripwire: Any) -> None:
+        watch, clock, woken = tripwire
+        loops_own = frames.idle.f_back  # asyncio's _run_once
+        fn = watch.tripwire
+        clock[0] += 0.5  # 500 ms off the CPU: the thread slept in its selector
+        fn(loops_own, "return", None)
+        assert watch.armed and not woken  # the loop's own frame: it woke, nothing of the app's yet
+        clock[0] += 0.001
+        clock[1] += 0.001
+        fn(frames.steps[0], "call", None)
+        assert not watch.armed and woken == [1]
+        assert watch.tripped == 200.5  # timed from the wake-up, not from this event
+
+    def test_app_frame_without_a_sleep_does_not_trip(self, rec: Recorded, frames: Frames, tripwire: Any) -> None:
+        watch, clock, woken = tripwire
+        clock[0] += 0.001
+        clock[1] += 0.001  # on its CPU all along: not a wake-up
+        watch.tripwire(frames.steps[0], "call", None)
+        assert watch.armed and not woken
+
+    def test_own_callback_passes(self, rec: Recorded, frames: Frames, tripwire: Any) -> None:
+        watch, clock, woken = tripwire
+        clock[0] += 0.5
+        watch.own = True
+        watch.tripwire(frames.steps[0], "call", None)
+        assert watch.armed and not woken
+
+    def test_busy_loop_trips_after_max_events(self, rec: Recorded, frames: Frames, tripwire: Any) -> None:
+        watch, clock, woken = tripwire
+        loops_own = frames.idle.f_back
+        for _ in range(_tripwire._MAX_EVENTS - 8):
+            clock[0] += 0.00001
+            clock[1] += 0.00001
+            watch.tripwire(loops_own, "call", None)
+        assert watch.armed
+        for _ in range(8):
+            watch.tripwire(loops_own, "call", None)
+        assert not watch.armed and woken == [1]
+        assert watch.tripped == clock[0]  # no wake-up seen: tripped now
+
+
+def test_probe_tick_too_young_is_no_step(rec: Recorded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A look landing in the loop-delay probe's tick: aiocop's own step while younger than arm_after;
+    past that, a step of the loop's, timed from the tick's own start."""
+    base, inner = c_loop_frames()
+    monkeypatch.setattr(_stacks, "in_tick", lambda root: root is inner)
+    watch = watch_of(None, base)
+    looks = Looks(watch)
+    watch.probe_started = (100.000, 1.000)
+    watch.own = True
+    looks.at(100.010, 1.010, inner)  # 10 ms: the probe's own
+    assert watch.step is None and looks.dog._tick_due == near(100.015)
+    looks.at(100.020, 1.020, inner)
+    s = looks.step
+    assert s.began == 100.000 and s.start() == 100.000 and s.cpu_prev == 1.000
