@@ -195,7 +195,10 @@ def test_watchdog_busy_cost_runs_and_checks_its_events() -> None:
         timeout=300,
         check=False,
     )
-    assert done.returncode == 0, done.stderr[-2000:]  # non-zero if an event was not delivered
+    # Non-zero if a task's os.stat event was lost or doubled, or if any other
+    # event is not a stall of the benchmark's own steps (which a starved
+    # machine explains: the benchmark's _explained).
+    assert done.returncode == 0, done.stderr[-2000:]
     assert "polling every 2 ms" in done.stdout and "polling every 10 ms" in done.stdout
 
 
