@@ -49,8 +49,13 @@ class Counter:
         self.kept = 0
         self.dropped = 0
         self.worst_kept = 0
+        self.others: list[tuple[str, bool, str, int]] = []  # (reason, ongoing, call_site, calls): rare, kept small
 
     def __call__(self, event: aiocop.SlowTaskEvent) -> None:
+        if event.reason != "io_blocking" or event.ongoing:
+            # A stall or a hang report, not a blocking step's own event: explained (or not) by the test.
+            self.others.append((event.reason, event.ongoing, event.call_site, len(event.blocking_events)))
+            return
         kept = len(event.blocking_events)
         self.events += 1
         self.kept += kept
@@ -87,6 +92,14 @@ async def soak(tasks: int) -> tuple[int, int, list[int]]:
     return steps, calls, samples
 
 
+def _own_stall(reason: str, ongoing: bool, call_site: str, calls: int) -> bool:
+    """A stall (or a hang report) with no blocking call of its own, at a line of `soak` or its tasks."""
+    if not (reason == "cpu_blocking" and not ongoing and calls == 0) and not (reason == "hang" and ongoing):
+        return False
+    path, _, function = call_site.rpartition(":")  # the path relative to the working directory when under it
+    return os.path.abspath(path.rpartition(":")[0]) == os.path.abspath(__file__) and function in ("soak", "task")
+
+
 # The soak runs on the two loops of the performance targets; the other loops
 # run the same code paths in the shorter tests.
 @pytest.mark.parametrize("loop_name", [_loop_param("asyncio"), _loop_param("uvloop")])
@@ -103,6 +116,12 @@ def test_soak_memory_flat_and_no_event_lost(detector: Collector, loop_name: str)
         tracemalloc.stop()
     # No event lost: one per blocking step, and every call either kept or counted as dropped.
     assert counter.events == steps
+    # Nothing else, unless a starved machine explains it: a step of the soak's
+    # own code (a gather of 500 tasks, traced by tracemalloc) waiting for the
+    # CPU past the 1 s threshold is rightly reported as a stall with no
+    # blocking call, or as a hang while it runs. Any other event fails.
+    unexplained = [other for other in counter.others if not _own_stall(*other)]
+    assert not unexplained, f"events other than one per blocking step: {unexplained}"
     assert counter.calls == calls
     # Per-step buffers are bounded; what does not fit is counted.
     assert counter.worst_kept == MAX_PER_STEP
