@@ -756,7 +756,7 @@ def test_step_seen_disarms_except_in_aiocops_own_callback(rec: Recorded) -> None
     assert not watch.armed
 
 
-class ArmableLoop(asyncio.SelectorEventLoop):  # type: ignore[misc,valid-type]
+class ArmableLoop(asyncio.SelectorEventLoop):
     """A real asyncio loop, never run: it reads as running, and thread-safe calls are recorded, not sent."""
 
     def __init__(self) -> None:
