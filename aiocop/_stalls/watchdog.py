@@ -372,9 +372,7 @@ class Watchdog:
             if watch.step is None:
                 if not _tripwire.arm(watch, self.trip):
                     unarmed = True
-                    wakes = _waits.plan(watch)
-                    if wakes is not None and now <= watch.wait.latest + _waits.LATE_S:  # (known when planned)
-                        timer = min(timer, wakes)
+                    timer = min(timer, _unarmed_look(watch, now))
                 waiting = waiting or not _tripwire.in_place(watch)
         if self._arming_since <= self._last_active:
             self._arming_since = now  # the first arming of this quiet spell
@@ -702,6 +700,21 @@ def _read_waits(watches: dict[int, LoopWatch]) -> None:
     for watch in watches.values():
         if watch.step is None and not _tripwire.can_arm(watch):
             _waits.plan(watch)
+
+
+def _unarmed_look(watch: LoopWatch, now: float) -> float:
+    # When to look next at an idle loop that cannot be armed (inf: at the
+    # threshold-bound rate): as its timer can end (_waits), or now if its
+    # thread ran since this look saw it idle (its CPU clock, read with the
+    # look's snapshot, moved): woken for its timer just as the look planned
+    # for that end came, or for I/O. Left to the threshold-bound sleep, a wait
+    # begun then was seen half a threshold late, or never where that sleep is
+    # long (issue 36).
+    wakes = _waits.plan(watch)
+    if wakes is not None and now <= watch.wait.latest + _waits.LATE_S:  # (known when planned)
+        return wakes
+    cpu = watch.cpu_time()
+    return now if cpu is not None and watch.idle_cpu is not None and cpu != watch.idle_cpu else float("inf")
 
 
 def _woke_at(watch: LoopWatch, ident: object, idle_since: float, now: float) -> float:
