@@ -673,14 +673,18 @@ def test_the_quickstart_example() -> None:
     )
     source = (Path(ROOT) / "examples" / "opentelemetry" / "quickstart.py").read_text().splitlines()
     stat_line = next(i for i, text in enumerate(source, 1) if "os.stat(__file__)" in text)
-    spin_line = next(i for i, text in enumerate(source, 1) if "while time.perf_counter() < end" in text)
+    spin_line = next(i for i, text in enumerate(source, 1) if "while time.thread_time() < end" in text)
     lines = result.stdout.splitlines()
     assert f"aiocop.blocking_calls os.stat at examples/opentelemetry/quickstart.py:{stat_line}: 1" in lines
     assert any(
         f"aiocop.stalls at examples/opentelemetry/quickstart.py:{n}: 1" in lines for n in (spin_line, spin_line + 1)
     )
     (delay,) = [line for line in lines if line.startswith("asyncio.eventloop.delay")]
-    assert float(delay.split("max ")[1].split(" s")[0]) >= 0.07  # the 80 ms stall, timed to a few ms
+    # The 80 ms stall, timed to a few ms. The example spins for 80 ms of its
+    # thread's CPU clock: the watchdog times a CPU-bound step from that clock,
+    # so the bound holds on a starved machine too (spun for 80 ms of wall
+    # time, a thread that got less of the CPU was rightly timed at 66 ms).
+    assert float(delay.split("max ")[1].split(" s")[0]) >= 0.07
 
 
 # --- found by review ---------------------------------------------------------------------------
