@@ -311,6 +311,9 @@ def test_detected_as(detector: Collector, tmp_path: pathlib.Path, function: str)
     assert expected in detector.names(), f"{function}: {detector.calls}"
 
 
+# pip's download gets up to 120 s (a slow index, a busy machine starting pip):
+# the test's own timeout is above it, so subprocess's TimeoutExpired fires first and says why.
+@pytest.mark.timeout(150)
 def test_the_aiocop_1x_list_is_its_sdists(tmp_path: pathlib.Path) -> None:
     # Downloaded from PyPI as .ci/aiocop1_suite.py does; read, never imported.
     command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(tmp_path)]
