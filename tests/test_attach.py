@@ -29,6 +29,10 @@ import pytest
 from tests.asgi_servers import HOST, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+# An attach is given 60 s, and a test waits for its target (up to 20 s), and
+# around it: above pytest's default 60 s, so that each of those bounds fires
+# first, naming what it waited for (issue 36).
+pytestmark = pytest.mark.timeout(150)
 TARGETS = ROOT / "tests" / "attach_targets.py"
 REMOTE = sys.version_info >= (3, 14)
 needs_remote = pytest.mark.skipif(not REMOTE, reason="sys.remote_exec is CPython 3.14+ (see the pre-3.14 test)")

@@ -53,6 +53,7 @@ def test_every_section_ran(quick: tuple[dict[str, Any], Path, str]) -> None:
     assert results["machine"]["python"]
 
 
+@pytest.mark.timeout(660)  # the module's `quick` run (600 s) is set up in whichever of its tests runs first (-k, xdist)
 def test_every_blocking_call_was_delivered(quick: tuple[dict[str, Any], Path, str]) -> None:
     results = quick[0]
     loops = results["pertask"]["loops"]
@@ -70,6 +71,7 @@ def test_every_blocking_call_was_delivered(quick: tuple[dict[str, Any], Path, st
                 assert entry["events_checked"] == (0 if name == "pure" else 1)
 
 
+@pytest.mark.timeout(660)  # the module's `quick` run (600 s) is set up in whichever of its tests runs first (-k, xdist)
 def test_servers_ran_with_detection_live(quick: tuple[dict[str, Any], Path, str]) -> None:
     results = quick[0]
     generator = "wrk" if shutil.which("wrk") else "python"
@@ -88,6 +90,7 @@ def test_servers_ran_with_detection_live(quick: tuple[dict[str, Any], Path, str]
             assert all(run["requests"] > 0 for run in entry["runs"])
 
 
+@pytest.mark.timeout(660)  # the module's `quick` run (600 s) is set up in whichever of its tests runs first (-k, xdist)
 def test_fallback_load_generator_ran(quick: tuple[dict[str, Any], Path, str]) -> None:
     # Without wrk every HTTP figure comes from the fallback; with it, the
     # cross-check runs the fallback against wrk on the same server.
@@ -102,6 +105,7 @@ def test_fallback_load_generator_ran(quick: tuple[dict[str, Any], Path, str]) ->
             assert by["wrk"]["requests"] > 0
 
 
+@pytest.mark.timeout(660)  # the module's `quick` run (600 s) is set up in whichever of its tests runs first (-k, xdist)
 def test_scaling_and_targets(quick: tuple[dict[str, Any], Path, str]) -> None:
     results = quick[0]
     scaling = results["scaling"]["results"]
@@ -115,6 +119,7 @@ def test_scaling_and_targets(quick: tuple[dict[str, Any], Path, str]) -> None:
     assert all(v["passed"] in (True, False, None) for v in results["targets"])
 
 
+@pytest.mark.timeout(660)  # the module's `quick` run (600 s) is set up in whichever of its tests runs first (-k, xdist)
 def test_plots_written(quick: tuple[dict[str, Any], Path, str]) -> None:
     results, out, _ = quick
     if importlib.util.find_spec("matplotlib") is None:
@@ -151,6 +156,7 @@ SCENARIOS = ("pure", "stat", "stat2", "deep")
 
 
 @pytest.mark.parametrize("mode", ["baseline", "inert", "full", "floor"])
+@pytest.mark.timeout(390)  # up to six programs in turn, each given 60 s
 def test_instruction_count_programs_check_their_events(mode: str) -> None:
     # The programs instructions.py runs under valgrind, run here without it:
     # each exits non-zero unless every blocking call of a full run was

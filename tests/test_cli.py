@@ -415,6 +415,7 @@ def test_a_failed_output_keeps_a_worse_status(tmp_path: Path) -> None:
     assert exits.returncode == 7, exits.stderr
 
 
+@pytest.mark.timeout(150)  # two programs in turn, each given 60 s
 def test_run_never_reads_the_attach_environment(program: Path) -> None:
     # The attach command's variable, set wrong, once broke `run` at import.
     env = {**os.environ, "AIOCOP_ATTACH_START_TIMEOUT_S": "abc"}
@@ -440,6 +441,8 @@ def test_run_never_reads_the_attach_environment(program: Path) -> None:
 
 
 @pytest.mark.parametrize("value", ["abc", "nan", "inf", "-1", "0", "1e9"])
+# its subprocess is given 60 s: the test's own timeout sits above it, so that bound fires first (issue 36)
+@pytest.mark.timeout(90)
 def test_attach_checks_its_environment_with_a_clear_error(value: str) -> None:
     env = {**os.environ, "AIOCOP_ATTACH_START_TIMEOUT_S": value}
     result = subprocess.run(

@@ -221,8 +221,10 @@ def test_events_of_loops_in_two_threads_stay_on_their_own_loop(watched: Collecto
     ]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + 40  # below the test's 60 s: a loop that never ends says so here
     for thread in threads:
-        thread.join(60)
+        thread.join(max(0.0, deadline - time.monotonic()))
+        assert not thread.is_alive(), f"{thread.name} still running after 40 s"
     assert not errors, errors
     events = watched.settle(9)
     results: dict[str, list[aiocop.SlowTaskEvent]] = {"loop-burst": [], "loop-calm": []}

@@ -73,6 +73,7 @@ def test_a_figure_over_its_budget_is_named_with_its_figure() -> None:
 
 
 @pytest.mark.parametrize("mode", ["baseline", "aiocop", "otel", "blockbuster"])
+@pytest.mark.timeout(150)  # its program is given 120 s; the test's own timeout sits above it
 def test_the_table_programs_check_their_events(mode: str) -> None:
     # The programs the table runs under valgrind, run here without it: each
     # exits non-zero unless every blocking call was delivered (and none

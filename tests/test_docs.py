@@ -54,6 +54,8 @@ def test_changelog_page_is_the_changelog() -> None:
     assert (ROOT / "docs" / "changelog.md").read_text(encoding="utf-8") == '--8<-- "CHANGELOG.md"\n'
 
 
+# its subprocess is given 60 s: the test's own timeout sits above it, so that bound fires first (issue 36)
+@pytest.mark.timeout(90)
 def test_quickstart_example_prints_what_the_page_shows() -> None:
     result = subprocess.run(
         [sys.executable, "examples/quickstart.py"], capture_output=True, text=True, cwd=ROOT, timeout=60, check=True

@@ -168,6 +168,8 @@ def test_every_option_is_on_the_options_page() -> None:
 # --- web frameworks and servers -------------------------------------------------------------
 
 
+# its subprocess is given 60 s: the test's own timeout sits above it, so that bound fires first (issue 36)
+@pytest.mark.timeout(90)
 def test_minimal_set_up_samples_and_logs() -> None:
     driver = textwrap.dedent(
         """

@@ -485,6 +485,8 @@ FORK_SCRIPT = """
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() here")
+# its subprocess is given 60 s: the test's own timeout sits above it, so that bound fires first (issue 36)
+@pytest.mark.timeout(90)
 def test_fork_while_monitoring(tmp_path: Path) -> None:
     out = tmp_path / "events.jsonl"
     result = run_python(FORK_SCRIPT, str(out))
@@ -663,6 +665,8 @@ if sys.argv[2] == "stop":
 
 
 @pytest.mark.parametrize("ending", ["exit", "stop"])
+# its subprocess is given 60 s: the test's own timeout sits above it, so that bound fires first (issue 36)
+@pytest.mark.timeout(90)
 def test_the_applications_objects_are_finalized_normally_at_exit(tmp_path: Path, ending: str) -> None:
     # The README's pattern, plus a module-level temporary file: at exit the
     # file is removed as it would be without aiocop, and no hook complains.
@@ -788,6 +792,8 @@ COVERAGE_APP = """
 
 
 @pytest.mark.parametrize("core", ["default", "sysmon"])
+# its subprocess is given 60 s: the test's own timeout sits above it, so that bound fires first (issue 36)
+@pytest.mark.timeout(90)
 def test_under_coverage(tmp_path: Path, core: str) -> None:
     pytest.importorskip("coverage")
     if core == "sysmon" and sys.version_info < (3, 12):

@@ -618,6 +618,7 @@ def test_the_hangs_how_to_example() -> None:
     assert "[STILL HUNG]" in output
 
 
+@pytest.mark.timeout(150)  # its pytest run is given 120 s; the test's own timeout sits above it
 def test_the_pytest_plugin_writes_the_hang_into_the_output_of_a_test_pytest_timeout_kills(
     pytester: pytest.Pytester,
 ) -> None:

@@ -243,6 +243,8 @@ def test_a_step_past_the_bound_is_counted_not_kept() -> None:
     assert len(timeline.steps()) == 1 and timeline.dropped == 2
 
 
+# its subprocess is given 60 s: the test's own timeout sits above it, so that bound fires first (issue 36)
+@pytest.mark.timeout(90)
 def test_an_unwritable_html_path_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "app.py").write_text("pass\n", encoding="utf-8")
     for flag in ("--html", "--speedscope", "--folded"):
@@ -258,6 +260,8 @@ def test_an_unwritable_html_path_is_a_usage_error(tmp_path: Path) -> None:
         assert f"{flag}: cannot write a file in" in done.stderr
 
 
+# its subprocess is given 60 s: the test's own timeout sits above it, so that bound fires first (issue 36)
+@pytest.mark.timeout(90)
 def test_a_failed_write_after_the_run_fails_the_run(tmp_path: Path) -> None:
     (tmp_path / "app.py").write_text("pass\n", encoding="utf-8")
     os.mkfifo(tmp_path / "nobody-reads")  # opened for writing without a reader: ENXIO, at once
@@ -540,6 +544,7 @@ PLUGIN_TESTS = textwrap.dedent(
 )
 
 
+@pytest.mark.timeout(150)  # its pytest run is given 120 s; the test's own timeout sits above it
 def test_pytest_plugin_writes_one_report_for_the_session(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
     pytester.makepyfile(test_planted=PLUGIN_TESTS)
@@ -556,6 +561,7 @@ def test_pytest_plugin_writes_one_report_for_the_session(pytester: pytest.Pytest
     assert model["facts"]["command"].startswith("pytest ")
 
 
+@pytest.mark.timeout(150)  # its pytest run is given 120 s; the test's own timeout sits above it
 def test_pytest_plugin_refuses_an_html_path_it_cannot_write(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_planted=PLUGIN_TESTS)
     result = pytester.runpytest_subprocess(*QUIET, "--aiocop", "--aiocop-html=missing/session.html", timeout=120)

@@ -7,10 +7,13 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 HOOKS = ROOT / "docs" / "hooks"
 
 
+@pytest.mark.timeout(330)  # the wheel's build is given 300 s; the test's own timeout sits above it
 def test_the_wheel_holds_the_package_and_no_docs_rendering_code(tmp_path: Path) -> None:
     # One wheel build (a few seconds, pip's own build isolation with hatchling), several checks.
     done = subprocess.run(

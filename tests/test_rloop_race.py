@@ -72,6 +72,8 @@ for base in (rloop.RLoop, SelfPipeFixedRLoop):
 
 
 @needs_rloop
+# its subprocess is given 60 s: the test's own timeout sits above it, so that bound fires first (issue 36)
+@pytest.mark.timeout(90)
 def test_rloop_closes_a_descriptor_opened_while_it_stops_and_the_workaround_does_not() -> None:
     result = run_python(DOUBLE_CLOSE, interpreter_args=("-W", "ignore::ResourceWarning"))
     assert result.returncode == 0, result.stderr
@@ -82,6 +84,7 @@ def test_rloop_closes_a_descriptor_opened_while_it_stops_and_the_workaround_does
 
 
 @needs_rloop
+@pytest.mark.timeout(150)  # two programs in turn, each given 60 s (run_python's default)
 def test_the_docs_example_runs_the_workaround_without_a_failure() -> None:
     if sys.version_info < (3, 11):
         result = run_python("import runpy; runpy.run_path('examples/rloop_self_pipe.py', run_name='__main__')")
@@ -208,6 +211,7 @@ def test_the_race_benchmarks_test_of_equal_rates() -> None:
 
 
 @needs_rloop
+@pytest.mark.timeout(150)  # its program is given 120 s; the test's own timeout sits above it
 def test_the_race_benchmarks_modes_run_what_they_say() -> None:
     # Its modes that take aiocop apart patch the private watchdog: each must
     # still run (a renamed method would fail it here, not in a long measurement).
@@ -231,6 +235,7 @@ def test_the_race_benchmarks_modes_run_what_they_say() -> None:
 
 
 @needs_rloop
+@pytest.mark.timeout(150)  # its program is given 120 s; the test's own timeout sits above it
 def test_a_race_benchmark_mode_whose_private_name_has_gone_fails_naming_it(tmp_path: Path) -> None:
     if sys.version_info < (3, 11):
         pytest.skip("asyncio.Runner is 3.11+ (the case of issue 31)")

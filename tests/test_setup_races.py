@@ -88,6 +88,8 @@ def test_a_start_signal_bound_during_detection_still_works_after_stop() -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("rloop") is None, reason="rloop is not installed")
+# its subprocess is given 60 s: the test's own timeout sits above it, so that bound fires first (issue 36)
+@pytest.mark.timeout(90)
 def test_rloop_imported_during_detection_runs_after_stop() -> None:
     result = run_python(
         """
@@ -163,6 +165,8 @@ print("child", os.waitstatus_to_exitcode(status), "locks", len(_forksafe.held())
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 @pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
+# its subprocess is given 60 s: the test's own timeout sits above it, so that bound fires first (issue 36)
+@pytest.mark.timeout(90)
 def test_fork_while_another_thread_holds_every_aiocop_lock(loop_name: str) -> None:
     if loop_name == "uvloop":
         pytest.importorskip("uvloop")

@@ -290,6 +290,8 @@ def test_stop_restores_the_feature_sets(patched: list[Any]) -> None:
 
 
 @pytest.mark.skipif(not shutil.rmtree.avoids_symlink_attacks, reason="no fd-based rmtree on this platform")
+# its subprocess is given 60 s: the test's own timeout sits above it, so that bound fires first (issue 36)
+@pytest.mark.timeout(90)
 def test_shutil_imported_after_start_keeps_its_symlink_protection(tmp_path: Any) -> None:
     # shutil decides at import whether rmtree can use the fd-based functions
     # (checking os.stat and friends against os.supports_*), and copystat whether
@@ -315,6 +317,7 @@ def test_shutil_imported_after_start_keeps_its_symlink_protection(tmp_path: Any)
     assert result.stdout.split() == ["True", "True"]
 
 
+@pytest.mark.timeout(150)  # two programs in turn, each given 60 s (run_python's default)
 def test_other_audit_hooks_see_only_the_events_cpython_raises() -> None:
     # A sandbox hook that denies os.* events must see exactly what it sees
     # without aiocop: the wrappers hand their events to aiocop alone.
@@ -336,6 +339,8 @@ def test_other_audit_hooks_see_only_the_events_cpython_raises() -> None:
     assert on.stdout == off.stdout
 
 
+# its subprocess is given 60 s: the test's own timeout sits above it, so that bound fires first (issue 36)
+@pytest.mark.timeout(90)
 def test_a_process_pool_runs_a_wrapped_function() -> None:
     # run_in_executor(ProcessPoolExecutor(), os.stat, ...) pickles os.stat.
     result = run_python(
@@ -354,6 +359,7 @@ def test_a_process_pool_runs_a_wrapped_function() -> None:
     assert result.stdout.strip() == "True"
 
 
+@pytest.mark.timeout(270)  # its program is given 240 s; the test's own timeout sits above it
 def test_stdlib_idioms_behave_identically_with_and_without_aiocop(tmp_path: Any) -> None:
     # tests/transparency_idioms.py runs each idiom outside any loop and inside
     # a task; every outcome (result, or exception type, errno and message)
@@ -390,6 +396,8 @@ def test_the_documented_differences_are_in_the_docs() -> None:
 
 
 @pytest.mark.parametrize("module", ["os", "threading", "socket", "queue", "time", "select"])
+# its subprocess is given 60 s: the test's own timeout sits above it, so that bound fires first (issue 36)
+@pytest.mark.timeout(90)
 def test_reloading_a_patched_module_keeps_detection_and_prints_nothing(module: str) -> None:
     # importlib.reload() runs the module's code again (os.stat the builtin
     # again, threading.Event a new class): aiocop wraps them again at once,
