@@ -106,52 +106,73 @@ class Timed:
     kept_s: float = 0.0  # how long the watchdog's thread waited for a CPU during the wait (0: not told)
 
 
-def _schedstat() -> int:
-    # The watchdog thread's /proc/.../schedstat, opened off the loop's thread
-    # (an open there is a blocking call of the step's); -1 where Linux has none.
-    thread = _watchdog_module.watchdog._thread
-    try:
-        return os.open(f"/proc/self/task/{thread.native_id if thread else 0}/schedstat", os.O_RDONLY)
-    except OSError:
-        return -1
+class Scheduler:
+    """What Linux tells of the watchdog thread's scheduling (/proc/self/task/<tid>/): nothing elsewhere.
 
+    Read with os.pread, which raises no audit event: no blocking call in the
+    step it is read in.
+    """
 
-def _runqueue_s(schedstat: int) -> float:
-    # Its second field: the time (ns) the thread has spent runnable, waiting
-    # for a CPU. os.pread raises no audit event: no blocking call of the step.
-    try:
-        return int(os.pread(schedstat, 128, 0).split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0
+    def __init__(self) -> None:
+        thread = _watchdog_module.watchdog._thread
+        try:
+            task = f"/proc/self/task/{thread.native_id if thread else 0}"
+            self.fds = os.open(f"{task}/schedstat", os.O_RDONLY), os.open(f"{task}/stat", os.O_RDONLY)
+        except OSError:
+            self.fds = ()
+
+    def read(self) -> tuple[float, int, str]:
+        """(s it has waited for a CPU, times it has run, its state now: R runnable, S sleeping, ...)."""
+        try:
+            schedstat, stat = (os.pread(fd, 1024, 0) for fd in self.fds)
+            _, waited, ran = schedstat.split()[:3]
+            return int(waited) / 1e9, int(ran), stat.rsplit(b")", 1)[1].split()[0].decode()
+        except (OSError, ValueError, IndexError):
+            return 0.0, 0, "?"
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
 
 
 async def wait_as_the_timer_ends() -> Timed:
     """A wait of WAIT_S begun as the loop's next timer ends, after a quiet spell."""
     loop = asyncio.get_running_loop()
     timed = Timed()
-    deadline = time.monotonic() + QUIET_S
-    while not _read(loop):
-        if time.monotonic() > deadline:
-            return timed
-        await asyncio.sleep(0.05)
-    timed.read = True
-    schedstat = await loop.run_in_executor(None, _schedstat)
-    watch = next(w for w in _loops.watches.values() if w.loop is loop)
+    scheduler = Scheduler()  # (its opens: blocking calls of this first step, not the wait's)
     try:
+        deadline = time.monotonic() + QUIET_S
+        while not _read(loop):
+            if time.monotonic() > deadline:
+                return timed
+            await asyncio.sleep(0.05)
+        timed.read = True
+        watch = next(w for w in _loops.watches.values() if w.loop is loop)
         # The timer: the watchdog sleeps long again before it ends (after half
         # a second of quiet), its end planned for.
         await asyncio.sleep(1.0)
         # The wait the watchdog read (none is read while the loop runs a step).
         wait = watch.wait
         timed.planned = wait.earliest if wait is not None else None
-        queued = _runqueue_s(schedstat)
+        start = time.perf_counter()
+        waited, ran, _ = scheduler.read()
         stalls.wait_unseen(WAIT_S)
-        timed.kept_s = _runqueue_s(schedstat) - queued
+        end = time.perf_counter()
+        _, ran_after, state = scheduler.read()
         await asyncio.sleep(0.05)
+        # What it waited for a CPU is told once it runs: read again after it
+        # has (a little more than the wait, then); one that has not run since
+        # and waits for a CPU now waited the whole time.
+        timed.kept_s = scheduler.read()[0] - waited
+        if ran_after == ran and state == "R":
+            timed.kept_s = max(timed.kept_s, end - start)
     finally:
-        if schedstat >= 0:
-            os.close(schedstat)
+        scheduler.close()
     return timed
+
+
+def _at_the_wait(event: aiocop.SlowTaskEvent) -> bool:
+    return event.call_site.endswith(tuple(f"tests/{line}" for line in stall_lines(stalls.wait_unseen)))
 
 
 @pytest.mark.skipif(not LINUX, reason="the system call a thread waits in is read from Linux's /proc")
@@ -174,16 +195,19 @@ def test_a_wait_begun_as_a_c_loops_timer_ends_is_reported(
     # every core oversubscribed): its looks then come that much later, and a
     # wait passes unseen if it is kept waiting for all but a threshold of it
     # (not promised: docs/concepts/guarantees.md). The bound is loosened by
-    # exactly what Linux says it waited (/proc schedstat), and by nothing on
-    # a quiet machine. If the watchdog planned no look it sleeps, and waits
-    # for no CPU: the wait goes unseen, and the test fails.
+    # what Linux says it waited, and by nothing on a quiet machine. If the
+    # watchdog planned no look it sleeps, and waits for no CPU: the wait goes
+    # unseen, and the test fails. (The loop's other steps, kept from a CPU
+    # too, can be stalls of their own: they are not this test's.)
     kept_ms = timed.kept_s * 1000
     seeable = kept_ms < WAIT_S * 1000 - THRESHOLD_MS - 10  # left time for looks a threshold apart in it
-    events = detector.settle(1, timeout=10.0 if seeable else 2.0)
-    told = [(e.reason, e.call_site, round(e.elapsed_ms)) for e in events], f"kept from a CPU {kept_ms:.0f} ms"
+    deadline = time.monotonic() + (10.0 if seeable else 2.0)
+    while not any(map(_at_the_wait, detector.events)) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    events = [e for e in detector.settle(0) if _at_the_wait(e)]
+    told = [(e.reason, e.call_site, round(e.elapsed_ms)) for e in detector.events], f"kept from a CPU {kept_ms:.0f} ms"
     assert len(events) == 1 if seeable else len(events) <= 1, told
     for event in events:
-        assert event.call_site.endswith(tuple(f"tests/{line}" for line in stall_lines(stalls.wait_unseen))), told
         # Timed from its timer's end, or from a look a few ms after it, not
         # from one long after: to within what the watchdog was kept waiting.
         assert event.elapsed_ms >= WAIT_S * 1000 * 0.9 - kept_ms, told
