@@ -15,6 +15,7 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -103,20 +104,23 @@ class Timed:
 
     read: bool = False  # the watchdog read the loop's waits
     planned: float | None = None  # the timer's earliest end, as read from the loop's wait (None: not read)
+    late_s: float = 0.0  # how long after the timer's latest end, as read, the loop ran the step
     kept_s: float = 0.0  # how long the watchdog's thread waited for a CPU during the wait (0: not told)
 
 
 class Scheduler:
-    """What Linux tells of the watchdog thread's scheduling (/proc/self/task/<tid>/): nothing elsewhere.
+    """What Linux tells of a thread's scheduling (/proc/self/task/<tid>/; the watchdog's by default): nothing elsewhere.
 
     Read with os.pread, which raises no audit event: no blocking call in the
     step it is read in.
     """
 
-    def __init__(self) -> None:
-        thread = _watchdog_module.watchdog._thread
+    def __init__(self, native_id: int | None = None) -> None:
+        if native_id is None:
+            thread = _watchdog_module.watchdog._thread
+            native_id = thread.native_id if thread is not None and thread.native_id is not None else 0
         try:
-            task = f"/proc/self/task/{thread.native_id if thread else 0}"
+            task = f"/proc/self/task/{native_id}"
             self.fds = os.open(f"{task}/schedstat", os.O_RDONLY), os.open(f"{task}/stat", os.O_RDONLY)
         except OSError:
             self.fds = ()
@@ -155,6 +159,7 @@ async def wait_as_the_timer_ends() -> Timed:
         wait = watch.wait
         timed.planned = wait.earliest if wait is not None else None
         start = time.perf_counter()
+        timed.late_s = start - wait.latest if wait is not None and wait.latest is not None else 0.0
         waited, ran, _ = scheduler.read()
         stalls.wait_unseen(WAIT_S)
         end = time.perf_counter()
@@ -200,12 +205,19 @@ def test_a_wait_begun_as_a_c_loops_timer_ends_is_reported(
     # unseen, and the test fails. (The loop's other steps, kept from a CPU
     # too, can be stalls of their own: they are not this test's.)
     kept_ms = timed.kept_s * 1000
-    seeable = kept_ms < WAIT_S * 1000 - THRESHOLD_MS - 10  # left time for looks a threshold apart in it
+    # Left time for looks a threshold apart in it, and run while the
+    # watchdog still looked often (LATE_S after the timer's end: a loop's
+    # thread itself kept from a CPU longer than that is looked at every half
+    # threshold again, here every minute).
+    seeable = kept_ms < WAIT_S * 1000 - THRESHOLD_MS - 10 and timed.late_s < _waits.LATE_S
     deadline = time.monotonic() + (10.0 if seeable else 2.0)
     while not any(map(_at_the_wait, detector.events)) and time.monotonic() < deadline:
         time.sleep(0.005)
     events = [e for e in detector.settle(0) if _at_the_wait(e)]
-    told = [(e.reason, e.call_site, round(e.elapsed_ms)) for e in detector.events], f"kept from a CPU {kept_ms:.0f} ms"
+    told = (
+        [(e.reason, e.call_site, round(e.elapsed_ms)) for e in detector.events],
+        f"kept from a CPU {kept_ms:.0f} ms, ran {timed.late_s * 1000:.0f} ms late",
+    )
     assert len(events) == 1 if seeable else len(events) <= 1, told
     for event in events:
         # Timed from its timer's end, or from a look a few ms after it, not
@@ -251,14 +263,19 @@ def test_a_process_paused_past_a_loops_timer_gives_no_false_stall(detector: Coll
         except BlockingIOError:
             return False
 
+    held: list[float] = []  # for each step timed, how long its thread waited for a CPU in it (ms; 0: not told)
+
     async def main() -> int:
         timed = 0
+        ours = Scheduler(threading.get_native_id())  # (its opens: blocking calls of this first step's)
         for _ in range(8):
             await asyncio.sleep(0.6)  # (the watchdog slows down, the loop's wait is read)
             os.write(write, b"x")
             await asyncio.sleep(0.3)  # stopped from 0.1 s to 0.5 s into this wait
             if paused():
+                waited = ours.read()[0]
                 stalls.wait_unseen(0.02)
+                held.append((ours.read()[0] - waited) * 1000)
                 timed += 1
                 if timed == 3:
                     break
@@ -270,6 +287,7 @@ def test_a_process_paused_past_a_loops_timer_gives_no_false_stall(detector: Coll
             while not paused():
                 await asyncio.sleep(0.01)
         await asyncio.sleep(0.1)
+        ours.close()
         return timed
 
     try:
@@ -280,4 +298,11 @@ def test_a_process_paused_past_a_loops_timer_gives_no_false_stall(detector: Coll
         os.close(done)
     assert timed, "the process was never paused while its loop waited for a timer"
     stalled = [e for e in detector.settle(1) if e.exceeded_threshold]  # (the pipe's writes are reported too)
-    assert stalled == [], [(e.reason, e.call_site, round(e.elapsed_ms)) for e in stalled]
+    # A step whose thread the machine kept from a CPU for most of the
+    # threshold (a busy machine: 130 and 381 ms, 2 runs in 35) is a stall of
+    # the loop's indeed, of no more than that: the 20 ms and the wait for a
+    # CPU (and a look's lateness). None is, dated from the timer's end.
+    kept = [ms for ms in held if 0.02 * 1000 + ms >= 60]
+    told = [(e.reason, e.call_site, round(e.elapsed_ms)) for e in stalled], f"kept from a CPU {held} ms"
+    assert len(stalled) <= len(kept), told
+    assert all(e.elapsed_ms <= 0.02 * 1000 + max(kept) + 50 for e in stalled), told
