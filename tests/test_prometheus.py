@@ -289,10 +289,19 @@ def test_prometheus_sums_the_workers_of_a_fleet(command: str, tmp_path: Path) ->
         # exists before the rest arrive, so that the dashboards' increase() and rate() see them arrive.
         warm_blocking, served = asyncio.run(until_every_worker(url, "/blocking"))
         warm_stalling, served_stalls = asyncio.run(until_every_worker(url, "/stalling"))
-        wait_until(
-            "Prometheus to see every worker's first calls and stalls",
-            lambda: prometheus.value(calls_query) == warm_blocking and prometheus.value(stalls_query) == warm_stalling,
-        )
+        try:
+            wait_until(
+                "Prometheus to see every worker's first calls and stalls",
+                lambda: (
+                    prometheus.value(calls_query) == warm_blocking and prometheus.value(stalls_query) == warm_stalling
+                ),
+            )
+        except AssertionError as error:
+            raise AssertionError(
+                f"{error}: {warm_blocking} calls and {warm_stalling} stalls sent; Prometheus has "
+                f"{prometheus.value(calls_query)} and {prometheus.value(stalls_query)}, "
+                f"the workers say {worker_totals(targets)}"
+            ) from None
         blocking, stalling = max(BLOCKING, warm_blocking + 1), max(STALLING, warm_stalling + 1)
         served |= served_stalls | asyncio.run(drive(url, blocking - warm_blocking, stalling - warm_stalling, CLEAN))
 
