@@ -17,10 +17,9 @@ DEMO_STAMP := $(VENV)/.demo-installed
 # takes a minute or a few, once.
 UV := $(shell command -v uv 2>/dev/null)
 ifdef UV
-# --seed: pip inside too (tests and .ci/aiocop1_suite.py download with it);
-# the system's CA store, as pip is configured to use it.
-NEW_VENV = UV_NATIVE_TLS=1 $(UV) venv -q --seed --allow-existing -p $(PYTHON) $(VENV)
-INSTALL = UV_NATIVE_TLS=1 $(UV) pip install -p $(BIN)/python
+# --seed: pip inside too (tests and .ci/aiocop1_suite.py download with it).
+NEW_VENV = $(UV) venv -q --seed --allow-existing -p $(PYTHON) $(VENV)
+INSTALL = $(UV) pip install -p $(BIN)/python
 else
 NEW_VENV = $(PYTHON) -m venv $(VENV) && $(BIN)/python -m pip install -q --upgrade pip
 INSTALL = $(BIN)/python -m pip install
