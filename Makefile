@@ -46,7 +46,7 @@ demo: $(DEMO_STAMP)
 # may keep their byte code (PYTHONDONTWRITEBYTECODE off) instead of compiling
 # aiocop and pytest's rewritten plugins anew in each of hundreds of processes.
 TEST_WORKERS ?= 2
-PYTEST = PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+PYTEST = PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=10
 # `make test` runs the deterministic tests, then the `timing` ones on their own
 # (tests/conftest.py says which are which): those rest on real time, so nothing
 # else of the suite runs beside them, each is re-run once on failure, and every
