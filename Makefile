@@ -46,17 +46,22 @@ demo: $(DEMO_STAMP)
 # may keep their byte code (PYTHONDONTWRITEBYTECODE off) instead of compiling
 # aiocop and pytest's rewritten plugins anew in each of hundreds of processes.
 TEST_WORKERS ?= 2
-PYTEST = PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=10
+PYTEST_RUN = PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -p no:cacheprovider --dist loadfile --durations=10
+PYTEST = $(PYTEST_RUN) -n $(TEST_WORKERS)
 # `make test` runs the deterministic tests, then the `timing` ones on their own
 # (tests/conftest.py says which are which): those rest on real time, so nothing
 # else of the suite runs beside them, each is re-run once on failure, and every
 # re-run is listed at the end with the failure that caused it. Past 5 re-runs
 # the run fails: that is no passing hiccup.
+# The timing tests mostly wait (a quarter of two cores' time), so four workers
+# share the cores; TIMING_MARKS narrows them (CI runs the integrations once).
 TEST_MARKS ?= not timing
-TIMING_RERUNS = --reruns 1 --max-suite-reruns 5 --rerun-show-tracebacks -rR
+TIMING_MARKS ?= timing
+TIMING_WORKERS ?= 4
+TIMING = $(PYTEST_RUN) -n $(TIMING_WORKERS) -m "$(TIMING_MARKS)" --reruns 1 --max-suite-reruns 5 --rerun-show-tracebacks -rR
 test: $(STAMP)
 	$(PYTEST) -m "$(TEST_MARKS)"
-	$(PYTEST) -m timing $(TIMING_RERUNS)
+	$(TIMING)
 
 # The halves of `make test`, as CI schedules them (.ci/run): TEST_MARKS narrows
 # the first, e.g. TEST_MARKS="not timing and not cost and not integration".
@@ -64,7 +69,7 @@ test-unit: $(STAMP)
 	$(PYTEST) -m "$(TEST_MARKS)"
 
 test-timing: $(STAMP)
-	$(PYTEST) -m timing $(TIMING_RERUNS)
+	$(TIMING)
 
 # aiocop 1.2.1's own test suite, unchanged, against this checkout (downloaded from PyPI).
 test-1x: $(STAMP)

@@ -12,7 +12,7 @@ import textwrap
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
@@ -118,6 +118,24 @@ INTEGRATION_TESTS = frozenset(
         "test_the_wheel_holds_the_package_and_no_docs_rendering_code",  # test_packaging.py: pip builds the wheel
     }
 )
+
+
+T = TypeVar("T")
+
+
+def per_attempt(request: pytest.FixtureRequest, runs: dict[int, T], make: Callable[[], T]) -> T:
+    """What `make` returns, made once per attempt at the requesting test and shared by the module's tests.
+
+    For a timing module's one program whose output several tests read: a
+    module-scoped fixture would hand a re-run (pytest-rerunfailures keeps
+    fixtures wider than a function) the very output that failed it. `runs`
+    is the module's cache (a module-scoped fixture's dict): the first
+    attempts share one run, each re-run gets a run of its own.
+    """
+    attempt = getattr(request.node, "execution_count", 1)  # set by pytest-rerunfailures: 2 on the re-run
+    if attempt not in runs:
+        runs[attempt] = make()
+    return runs[attempt]
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker

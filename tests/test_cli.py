@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from aiocop._commands.cli import Program, split_program
+from tests.pytester_args import QUIET
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -344,7 +345,7 @@ def test_a_test_suite_that_turns_warnings_into_errors_runs_under_the_cli(tmp_pat
                 asyncio.run(main())
             """)
     )
-    result = aiocop_run("run", "-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=tmp_path)
+    result = aiocop_run("run", "-m", "pytest", "-q", *QUIET, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout
     assert "test_app.py:6:main" in result.stderr

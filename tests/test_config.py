@@ -24,6 +24,7 @@ from aiocop._interception import frames as _frames
 from aiocop.asgi import AiocopMiddleware
 from tests import blocking_calls
 from tests.conftest import ROOT, Collector, reset_aiocop, run_on
+from tests.pytester_args import QUIET
 from tests.test_cli import aiocop_run
 
 if TYPE_CHECKING:
@@ -246,7 +247,7 @@ def test_hang_after_ms_from_the_table_reaches_the_api_the_cli_and_pytest(
     # pytest: the table's value in the header, where the watchdog runs (the flags' checks: test_pytest_plugin.py).
     pytester.makepyprojecttoml("[tool.aiocop]\nhang_after_ms = 1500\n")
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--aiocop", "--aiocop-threshold-ms=50")
+    result = pytester.runpytest_subprocess(*QUIET, "--aiocop", "--aiocop-threshold-ms=50")
     result.stdout.fnmatch_lines(["aiocop: fail_on=low, threshold_ms=50, hang_after_ms=1500, trace_depth=*"])
 
 
@@ -676,7 +677,7 @@ def hostile_parent(tmp_path: Path, kind: str) -> tuple[Path, Path]:
 def run_pytest(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOCOP_", "PYTEST_"))}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+        [sys.executable, "-m", "pytest", *QUIET, "-q", *args],
         cwd=project,
         env=env,
         capture_output=True,
@@ -746,7 +747,7 @@ def test_pytest_refuses_blank_allow_rules_in_its_ini(pytester: pytest.Pytester) 
         """
     )
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
-    result = pytester.runpytest_subprocess("--aiocop", "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("--aiocop", *QUIET)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: aiocop_allow (ini): in rule '# TODO: decide': the rule is only a comment*"])
 

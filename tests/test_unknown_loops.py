@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests import unknown_loops_app
+from tests.conftest import per_attempt
 
 pytest.importorskip("uvloop", reason="the stand-in is built on uvloop, not installable here")
 
@@ -33,7 +34,16 @@ def line_of(marker: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def app_run() -> dict[str, object]:
+def app_runs() -> dict[int, dict[str, object]]:
+    return {}
+
+
+@pytest.fixture
+def app_run(request: pytest.FixtureRequest, app_runs: dict[int, dict[str, object]]) -> dict[str, object]:
+    return per_attempt(request, app_runs, _run_app)  # a re-run of a failed test runs the app anew
+
+
+def _run_app() -> dict[str, object]:
     out = subprocess.run(
         [sys.executable, "-m", "tests.unknown_loops_app", str(RUNS)],
         cwd=ROOT,
@@ -104,7 +114,18 @@ def test_a_hang_of_an_unknown_loop_is_reported_while_it_hangs(app_run: dict[str,
 
 
 @pytest.fixture(scope="module")
-def cases() -> dict[str, dict[str, object]]:
+def case_runs() -> dict[int, dict[str, dict[str, object]]]:
+    return {}
+
+
+@pytest.fixture
+def cases(
+    request: pytest.FixtureRequest, case_runs: dict[int, dict[str, dict[str, object]]]
+) -> dict[str, dict[str, object]]:
+    return per_attempt(request, case_runs, _run_cases)
+
+
+def _run_cases() -> dict[str, dict[str, object]]:
     out = subprocess.run(
         [sys.executable, "-m", "tests.discovery_cases"],
         cwd=ROOT,
