@@ -101,9 +101,6 @@ TIMING_TESTS = frozenset(
         # test_attach.py (3.14+): a target's sleep against attach's window
         "test_a_target_that_exits_during_the_window",
         "test_another_user_s_target_removes_its_folder_when_it_runs_the_script_late",
-        # A race of attach's own, left open: status.json read as the target
-        # replaces it is refused for "0 links" (seen once, 3.14, quiet machine).
-        "test_root_attaching_to_another_user_s_process",
     }
 )
 # cost: instruction counts under valgrind and the benchmark suite run end to

@@ -53,6 +53,38 @@ def test_a_hard_link_is_refused(exchange: Exchange, tmp_path: Path) -> None:
         exchange.read("report.json", 100)
 
 
+def _replacing_fstat(exchange: Exchange, times: int) -> object:
+    """os.fstat, after the target writes status.json anew (as it does: os.replace) the first `times` times."""
+    real, done = os.fstat, []
+
+    def fstat(fd: int) -> os.stat_result:
+        if len(done) < times:
+            done.append(fd)
+            partial = exchange.path / "status.json.partial"
+            partial.write_bytes(b'{"state": "done", "write": %d}' % len(done))
+            os.replace(partial, exchange.path / "status.json")
+        return real(fd)
+
+    return fstat
+
+
+def test_a_file_the_target_replaces_as_it_is_read_is_read_again(
+    exchange: Exchange, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The file opened lost its name before fstat (0 links): not a hard link, the
+    # target's next write; read that. (Once refused as "0 links", CI, 3.14.)
+    (exchange.path / "status.json").write_bytes(b'{"state": "started"}')
+    monkeypatch.setattr(os, "fstat", _replacing_fstat(exchange, 2))
+    assert exchange.read("status.json", 100) == b'{"state": "done", "write": 2}'
+
+
+def test_a_file_replaced_at_every_read_is_refused(exchange: Exchange, monkeypatch: pytest.MonkeyPatch) -> None:
+    (exchange.path / "status.json").write_bytes(b"{}")
+    monkeypatch.setattr(os, "fstat", _replacing_fstat(exchange, 100))
+    with pytest.raises(AttachError, match=r"status.json in .* was replaced 5 times as it was read: refused"):
+        exchange.read("status.json", 100)
+
+
 def test_a_symbolic_link_is_refused(exchange: Exchange, tmp_path: Path) -> None:
     secret = tmp_path / "secret.json"
     secret.write_text("{}")

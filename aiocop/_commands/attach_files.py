@@ -273,30 +273,36 @@ class Exchange:
         Raises AttachError for a file that is there but is not one the target
         could only have made itself: not regular, another owner, more than one link.
         """
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=self.fd)
-        except FileNotFoundError:
-            return None
-        except OSError as error:
-            raise AttachError(
-                f"{name} in {self.path} cannot be opened ({error.strerror}): not a file the target wrote"
-            ) from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise AttachError(f"{name} in {self.path} is not a regular file: refused")
-            if st.st_uid != self.pin.uid:
+        for _ in range(_REPLACED_RETRIES):
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=self.fd)
+            except FileNotFoundError:
+                return None
+            except OSError as error:
                 raise AttachError(
-                    f"{name} in {self.path} belongs to {_who(st.st_uid)}, not to the target's user: refused"
-                )
-            if st.st_nlink != 1:
-                raise AttachError(
-                    f"{name} in {self.path} has {st.st_nlink} links (a hard link to another file): refused"
-                )
-            with open(fd, "rb", closefd=False) as stream:
-                return stream.read(limit + 1)
-        finally:
-            os.close(fd)
+                    f"{name} in {self.path} cannot be opened ({error.strerror}): not a file the target wrote"
+                ) from None
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise AttachError(f"{name} in {self.path} is not a regular file: refused")
+                if st.st_uid != self.pin.uid:
+                    raise AttachError(
+                        f"{name} in {self.path} belongs to {_who(st.st_uid)}, not to the target's user: refused"
+                    )
+                if st.st_nlink == 0:
+                    # The target wrote the file anew (os.replace) between our open and fstat: the
+                    # file opened has just lost its name. Read the new one.
+                    continue
+                if st.st_nlink != 1:
+                    raise AttachError(
+                        f"{name} in {self.path} has {st.st_nlink} links (a hard link to another file): refused"
+                    )
+                with open(fd, "rb", closefd=False) as stream:
+                    return stream.read(limit + 1)
+            finally:
+                os.close(fd)
+        raise AttachError(f"{name} in {self.path} was replaced {_REPLACED_RETRIES} times as it was read: refused")
 
     def remove(self, keep: tuple[str, ...] = ()) -> None:
         """Remove the folder (or, with `keep`, everything in it but those names), by descriptor throughout."""
@@ -315,6 +321,11 @@ class Exchange:
             self.closed = True
             os.close(self.fd)
             os.close(self.parent_fd)
+
+
+# A file the target replaces as it is read is read again, this many times at most (the target
+# rewrites status.json a handful of times in a whole attach; more is not the target writing).
+_REPLACED_RETRIES = 5
 
 
 def _clear(fd: int, keep: tuple[str, ...] = (), depth: int = 0) -> None:
