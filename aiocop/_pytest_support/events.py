@@ -26,7 +26,7 @@ from aiocop._interception import loops as _loops
 from aiocop._model.events import is_hang_report
 from aiocop._model.severity import level_rank, level_threshold
 from aiocop._reporting import delivery as _delivery
-from aiocop._reporting.report import STALL, call_site, describe, describe_hang, source_line
+from aiocop._reporting.report import STALL, call_site, describe, describe_hang, library_site, source_line
 from aiocop._stalls import watchdog as _watchdog
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from aiocop._model.events import BlockingEventInfo, SlowTaskEvent
 
 MAX_SHOWN = 10  # events itemised in one failure message
+MAX_LIBRARY_SITES = 5  # libraries' call sites given their own allow rule in one failure message
 _THROUGH_LOOPS_S = 1.0  # the longest settle() waits for loops in other threads
 
 
@@ -271,21 +272,51 @@ def message(events: Sequence[SlowTaskEvent], phase: str, fail_on: str, threshold
         lines.append(f"[{number}] {text}")
     if count > MAX_SHOWN:
         lines.append(f"... and {count - MAX_SHOWN} more")
-    names = sorted({call.get("name", call["event"]) for event in events for call in event.blocking_events})
     lines.append("")
-    if names:
-        quoted = ", ".join(f'"{name}"' for name in names)
-        lines.append(
-            f"Make it non-blocking (e.g. await asyncio.to_thread(...)), or allow it: "
-            f"@pytest.mark.aiocop_allow({quoted}) on the test, or a line '{' '.join(names)}' in the ini "
-            f"key aiocop_allow."
-        )
+    lines.extend(_advice(events))
     if any(event.reason == "cpu_blocking" for event in events):
         lines.append(
             "A stall is allowed only by a rule without event names: @pytest.mark.aiocop_allow() "
             "(or with path=/call_site=), or a higher --aiocop-threshold-ms."
         )
     return "\n".join(lines)
+
+
+def _advice(events: Sequence[SlowTaskEvent]) -> list[str]:
+    # What to do about the calls: where the application made them, make them
+    # non-blocking; where a library did, the fix is the library's, and the
+    # rule to write meanwhile allows that one call site, not the call everywhere.
+    own: set[str] = set()
+    libraries: dict[tuple[str, str], set[str]] = {}
+    for event in events:
+        for call in event.blocking_events:
+            name = call.get("name", call["event"])
+            site = library_site(call)
+            if site is None:
+                own.add(name)
+            else:
+                libraries.setdefault(site, set()).add(name)
+    lines = []
+    if own:
+        names = sorted(own)
+        quoted = ", ".join(f'"{name}"' for name in names)
+        lines.append(
+            f"Make it non-blocking (e.g. await asyncio.to_thread(...)), or allow it: "
+            f"@pytest.mark.aiocop_allow({quoted}) on the test, or a line '{' '.join(names)}' in the ini "
+            f"key aiocop_allow."
+        )
+    for (where, package), called in sorted(libraries.items())[:MAX_LIBRARY_SITES]:
+        names = sorted(called)
+        quoted = "".join(f'"{name}", ' for name in names)
+        lines.append(
+            f"{', '.join(names)} in {where} is the library {package}'s call: the fix belongs in {package} "
+            f"(report it there). Meanwhile allow that call site alone: "
+            f'@pytest.mark.aiocop_allow({quoted}call_site="{where}") on the test, or a line '
+            f"'{' '.join(names)} call_site={where}' in the ini key aiocop_allow."
+        )
+    if len(libraries) > MAX_LIBRARY_SITES:
+        lines.append(f"... and {len(libraries) - MAX_LIBRARY_SITES} more library call sites, allowed the same way.")
+    return lines
 
 
 def _describe_stall(event: SlowTaskEvent) -> str:

@@ -17,7 +17,7 @@ from aiocop._common import forksafe as _forksafe
 from aiocop._common.clock import monotonic
 from aiocop._common.validate import check_callable, check_int, check_number
 from aiocop._model import callbacks as _callbacks
-from aiocop._reporting.report import STALL, call_site, describe, describe_hang, hang_headline, to_record
+from aiocop._reporting.report import STALL, call_site, describe, describe_hang, hang_headline, step_held, to_record
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -110,7 +110,7 @@ def headline(event: SlowTaskEvent) -> str:
     task = f", task {event.task_name!r}" if event.task_name else ""
     return (
         f"aiocop: blocking call {names} at {site} "
-        f"(impact {event.impact}, severity {event.severity_level}, loop held {event.elapsed_ms:.1f} ms{task})"
+        f"(impact {event.impact}, severity {event.severity_level}, {step_held(event)}{task})"
     )
 
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiocop._common import forksafe as _forksafe
-from aiocop._model.severity import level_rank
+from aiocop._interception.frames import format_frame, is_app_file, short_path
+from aiocop._model.severity import WEIGHT_MODERATE, level_rank
 
 if TYPE_CHECKING:
     from aiocop._model.events import BlockingEventInfo, SlowTaskEvent
@@ -136,9 +137,10 @@ def describe(event: SlowTaskEvent, *, max_calls: int = 10) -> str:
         count = len(event.blocking_events) + event.dropped_events
         lines = [
             f"{count} blocking call{'s' if count != 1 else ''}{where} "
-            f"(impact {event.impact}, severity {event.severity_level}, loop held {event.elapsed_ms:.1f} ms)"
+            f"(impact {event.impact}, severity {event.severity_level}, {step_held(event)})"
         ]
-        for info in event.blocking_events[:max_calls]:
+        shown, rest = shown_calls(event, max_calls)
+        for info in shown:
             lines.append(f"  {info['event']}")
             # The application's line first: the one to change. Where a library
             # made the call, where it blocked follows.
@@ -150,9 +152,8 @@ def describe(event: SlowTaskEvent, *, max_calls: int = 10) -> str:
             if app != info["entry_point"]:
                 lines.append(f"    blocked in {info['entry_point']}")
             lines.append(f"    trace: {info['trace']}")
-        hidden = count - min(len(event.blocking_events), max_calls)
-        if hidden:
-            lines.append(f"  ... and {hidden} more")
+        if rest:
+            lines.append(f"  {rest}")
         if event.cpu_stack_samples:
             lines.append(f"  the loop was also stuck at: {event.cpu_stack_samples[0]['trace']}")
     if event.hang_reports:
@@ -163,6 +164,66 @@ def describe(event: SlowTaskEvent, *, max_calls: int = 10) -> str:
     if event.context:
         lines.append("  context: " + ", ".join(f"{k}={v!r}" for k, v in event.context.items()))
     return "\n".join(lines)
+
+
+def step_held(event: SlowTaskEvent) -> str:
+    """How long the step held the loop, worded as the step's time: calls are not timed one by one."""
+    count = len(event.blocking_events) + event.dropped_events
+    return f"the step held the loop {event.elapsed_ms:.1f} ms, not the call{'s' if count != 1 else ''} alone"
+
+
+def call_weight(info: BlockingEventInfo) -> int:
+    """A call's weight, as the severity score counts it (none given: `WEIGHT_MODERATE`, as in 1.x)."""
+    weight = info.get("severity")
+    return weight if isinstance(weight, int) else WEIGHT_MODERATE
+
+
+def shown_calls(event: SlowTaskEvent, max_calls: int) -> tuple[list[BlockingEventInfo], str]:
+    """The calls of a step to itemise, and a line for those left out (`""`: none).
+
+    When they do not all fit, the weightiest are kept (in call order among
+    equals): the calls that made the step's severity are always shown, the
+    cut falls on the light ones (a framework's many `os.stat`s).
+    """
+    calls = event.blocking_events
+    if len(calls) <= max_calls:
+        shown, cut = list(calls), []
+    else:
+        ranked = sorted(range(len(calls)), key=lambda i: -call_weight(calls[i]))
+        keep = set(ranked[:max_calls])
+        # Itemised in call order: the story of the step, with its heaviest calls in it.
+        shown = [calls[i] for i in sorted(keep)]
+        cut = [calls[i] for i in ranked[max_calls:]]
+    if not cut and not event.dropped_events:
+        return shown, ""
+    names: dict[str, int] = {}
+    for info in cut:
+        name = info.get("name", info["event"])
+        names[name] = names.get(name, 0) + 1
+    parts = [name if n == 1 else f"{name} x{n}" for name, n in names.items()]
+    if event.dropped_events:
+        parts.append(f"{event.dropped_events} not kept: over the per-step buffer")
+    lighter = ", none heavier than those shown" if cut else ""
+    return shown, f"... and {len(cut) + event.dropped_events} more{lighter}: {', '.join(parts)}"
+
+
+def library_site(info: BlockingEventInfo) -> tuple[str, str] | None:
+    """Where a library, not the application, made a call: its `file.py:function` and the package.
+
+    E.g. `("fastapi/routing.py:_extract_endpoint_context", "fastapi")`, the
+    narrow `call_site=` an allow rule takes; `None` when the line that made
+    the call is the application's own (or the event carries no frames).
+    """
+    entry = info["entry_point"]
+    for frame in info.get("frames", ()):
+        if format_frame(frame) != entry:
+            continue
+        filename, _line, function = frame
+        if is_app_file(filename):
+            return None
+        path = short_path(filename).replace(os.sep, "/")
+        return f"{path}:{function}", path.split("/", 1)[0].removesuffix(".py")
+    return None
 
 
 def hang_headline(event: SlowTaskEvent) -> str:
