@@ -72,6 +72,7 @@ class _Session:
         self.baseline_written: str | None = None  # what writing it said, for the summary
         self.timeline: Timeline | None = None  # with --aiocop-html: the session's steps
         self.html_written: str | None = None
+        self.unchecked_trio = 0  # test bodies anyio ran on trio, which aiocop does not watch yet
 
     def start(self) -> None:
         from aiocop._interception.frames import set_app_paths
@@ -199,6 +200,13 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(session.baseline_written)
     if session is not None and session.html_written is not None:
         terminalreporter.write_line(session.html_written)
+    if session is not None and session.unchecked_trio:
+        count = session.unchecked_trio
+        terminalreporter.write_line(
+            f"aiocop: {count} test{'s' if count != 1 else ''} ran on trio (anyio_backend 'trio') and "
+            f"{'were' if count != 1 else 'was'} not checked: aiocop watches asyncio's event loops, not trio's "
+            "yet, so a blocking call in them passes unseen (their runs on asyncio are checked)"
+        )
 
 
 @pytest.hookimpl(trylast=True)
@@ -220,6 +228,16 @@ def _test_state(item: pytest.Item, settings: Settings) -> _TestState:
         check_fixtures=settings.check_fixtures if check_fixtures is None else check_fixtures,
         rules=rules,
     )
+
+
+def _on_trio(item: pytest.Item) -> bool:
+    # anyio's pytest plugin runs a test marked anyio on the backend its
+    # `anyio_backend` fixture gives: a name, or a (name, options) pair.
+    # FastAPI's and others' suites parametrize it over asyncio and trio.
+    backend = getattr(item, "funcargs", {}).get("anyio_backend")
+    if isinstance(backend, tuple) and backend:
+        backend = backend[0]
+    return backend == "trio"
 
 
 def _is_async(item: pytest.Item) -> bool:
@@ -262,6 +280,8 @@ def _watch(item: pytest.Item, phase: str) -> Generator[None, object, object]:
         # teardown, everywhere: a server task a fixture started is covered too.
         for rule in state.rules:
             aiocop.add_allow_rule(rule)
+    if phase == "call" and state.checked(phase) and _on_trio(item):
+        session.unchecked_trio += 1
     events = state.events[phase]
     try:
         with session.recorder.phase(events):

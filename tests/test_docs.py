@@ -84,3 +84,15 @@ def test_the_site_link_check_finds_links_that_open_no_file(tmp_path: Path) -> No
     )
     (tmp_path / "404.html").write_text('<a href="/anywhere.html">served at any depth</a>')
     assert sorted(site_links.broken_links(str(tmp_path))) == ["guide/page.html: missing.png", "index.html: guide/"]
+
+
+def test_every_run_option_is_in_the_cli_pages_options_table() -> None:
+    # --hang-after-ms was missing from the table (issue 38).
+    from aiocop._commands.cli import build_parsers
+
+    _parser, run = build_parsers()
+    page = (ROOT / "docs" / "how-to" / "cli.md").read_text(encoding="utf-8")
+    table = page.split("## Options", 1)[1].split("\n## ", 1)[0]
+    options = {opt for action in run._actions for opt in action.option_strings if opt.startswith("--")}
+    missing = sorted(opt for opt in options - {"--help"} if f"`{opt}" not in table and f"`{opt} " not in table)
+    assert not missing, f"run options missing from docs/how-to/cli.md's options table: {missing}"

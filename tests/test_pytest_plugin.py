@@ -1057,3 +1057,26 @@ def test_a_baseline_that_cannot_be_written_fails_the_run(pytester: pytest.Pytest
         refused = run(pytester, "--aiocop", f"--aiocop-write-baseline={bad}")
         assert refused.ret == pytest.ExitCode.USAGE_ERROR
         refused.stderr.fnmatch_lines([f"ERROR: --aiocop-write-baseline: expected a file name, got {bad!r}*"])
+
+
+def test_tests_run_on_trio_are_counted_once_as_unchecked(pytester: pytest.Pytester) -> None:
+    # anyio runs a test marked anyio on each backend its anyio_backend fixture
+    # gives (FastAPI's suite: asyncio and trio). trio is not installed here:
+    # a plain test asking for the fixture stands in for anyio's runs (issue 38).
+    pytester.makepyfile(
+        test_trio="""
+        import time
+        import pytest
+
+        @pytest.fixture(params=["asyncio", "trio", ("trio", {"restrict_keyboard_interrupt_to_checkpoints": True})])
+        def anyio_backend(request):
+            return request.param
+
+        def test_backend(anyio_backend):
+            time.sleep(0)
+        """
+    )
+    result = run(pytester, "--aiocop")
+    text = result.stdout.str()
+    assert text.count("ran on trio") == 1
+    assert "aiocop: 2 tests ran on trio (anyio_backend 'trio') and were not checked" in text

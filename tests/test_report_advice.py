@@ -8,7 +8,7 @@ import os
 from aiocop import SlowTaskEvent
 from aiocop._model.events import BlockingEventInfo
 from aiocop._pytest_support.events import message
-from aiocop._reporting.logs import headline
+from aiocop._reporting.logs import Occurrence, headline, structured_fields
 from aiocop._reporting.report import describe, library_site
 
 LIBRARY_FILE = os.path.join(os.sep, "venv", "lib", "python3.12", "site-packages", "fastapi", "routing.py")
@@ -85,3 +85,16 @@ def test_the_applications_own_call_is_told_to_go_non_blocking() -> None:
 def test_a_call_made_by_hand_without_frames_counts_as_the_applications() -> None:
     call = BlockingEventInfo(event="open(x)", trace="a.py:1:f", entry_point="a.py:1:f", severity=10)
     assert library_site(call) is None
+
+
+def test_a_stall_or_hang_logs_its_impact_as_its_severity() -> None:
+    # A stall and a hang have no calls to weigh: 1.x's score 0 made them
+    # severity=low beside impact=high in every structured entry (issue 38).
+    stall = SlowTaskEvent(120.0, 30.0, True, 0, "low", "cpu_blocking", [])
+    hang = SlowTaskEvent(6000.0, 30.0, True, 0, "low", "hang", [], ongoing=True, hang_reports=1)
+    for event in (stall, hang):
+        fields = structured_fields(event, Occurrence(first=True))
+        assert (fields["impact"], fields["severity"]) == ("high", "high")
+    light = _event([_call("os.stat", 1, APP_FILE, 1, "f")], elapsed_ms=120.0)
+    fields = structured_fields(light, Occurrence(first=True))
+    assert (fields["impact"], fields["severity"]) == ("high", "low")  # calls made: their weight

@@ -238,12 +238,17 @@ def structured_fields(event: SlowTaskEvent, occurrence: Occurrence) -> dict[str,
     """The fields of one structured log entry (see `aiocop.structlog`)."""
     data = to_record(event)
     calls = data.pop("blocking_calls")
+    impact = data.pop("impact")
+    severity = data.pop("severity_level")
     fields: dict[str, Any] = {
         "blocking_event": calls[0]["event"] if calls else STALL,
         "call_site": data.pop("call_site"),
         "duration_ms": data.pop("elapsed_ms"),
-        "impact": data.pop("impact"),
-        "severity": data.pop("severity_level"),
+        "impact": impact,
+        # The calls' severity where the step made calls. A stall or a hang has
+        # none to weigh (1.x's score 0, "low"), and severity=low beside
+        # impact=high misleads whoever filters on it: its severity is its impact.
+        "severity": severity if calls else impact,
         "task": data.pop("task"),
         "thread": data.pop("thread"),
     }
