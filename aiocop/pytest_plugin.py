@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import aiocop
+from aiocop._pytest_support import portal as _portal
 from aiocop._pytest_support import settings as _pytest_settings
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class _Session:
             # Before the recorder: the timeline reads when a step ended before anything formats the event.
             aiocop.register_slow_task_callback(self.timeline)
         aiocop.register_slow_task_callback(self.recorder)
+        aiocop.register_context_provider(_portal.provider)
         for rule in settings.allow:
             aiocop.add_allow_rule(rule)
         set_app_paths(settings.app_paths, settings.library_paths)
@@ -97,6 +99,8 @@ class _Session:
         from aiocop._interception.frames import set_app_paths
 
         aiocop.unregister_slow_task_callback(self.recorder)
+        aiocop.unregister_context_provider(_portal.provider)
+        _portal.uninstall()
         if self.timeline is not None:
             aiocop.unregister_slow_task_callback(self.timeline)
         for rule in self.settings.allow:
@@ -280,6 +284,7 @@ def _watch(item: pytest.Item, phase: str) -> Generator[None, object, object]:
         # teardown, everywhere: a server task a fixture started is covered too.
         for rule in state.rules:
             aiocop.add_allow_rule(rule)
+    _portal.install()  # a TestClient's requests carry the test's line (cheap once done)
     if phase == "call" and state.checked(phase) and _on_trio(item):
         session.unchecked_trio += 1
     events = state.events[phase]

@@ -1080,3 +1080,31 @@ def test_tests_run_on_trio_are_counted_once_as_unchecked(pytester: pytest.Pytest
     text = result.stdout.str()
     assert text.count("ran on trio") == 1
     assert "aiocop: 2 tests ran on trio (anyio_backend 'trio') and were not checked" in text
+
+
+def test_a_testclient_request_names_the_tests_line(pytester: pytest.Pytester) -> None:
+    # The TestClient runs the app on a loop in another thread (anyio's
+    # portal): the app's stack ends in the framework; the test's line is
+    # carried over from the calling thread (issue 38).
+    pytest.importorskip("starlette.testclient")
+    pytester.makepyfile(
+        test_client="""
+        import time
+        from starlette.applications import Starlette
+        from starlette.responses import PlainTextResponse
+        from starlette.routing import Route
+        from starlette.testclient import TestClient
+
+        async def slow(request):
+            time.sleep(0.001)
+            return PlainTextResponse("ok")
+
+        app = Starlette(routes=[Route("/", slow)])
+
+        def test_request():
+            client = TestClient(app)
+            assert client.get("/").status_code == 200  # the test's line
+        """
+    )
+    result = run(pytester, "--aiocop", "-W", "ignore::DeprecationWarning")
+    assert "called_from='test_client.py:15:test_request'" in result.stdout.str()
