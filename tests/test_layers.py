@@ -97,7 +97,11 @@ LAYERS: list[dict[str, list[str]]] = [
             "aiocop._commands.attach_proc",
             "aiocop._commands.attach_report",
         ],
-        "aiocop._pytest_support": ["aiocop._pytest_support.events", "aiocop._pytest_support.settings"],
+        "aiocop._pytest_support": [
+            "aiocop._pytest_support.events",
+            "aiocop._pytest_support.settings",
+            "aiocop._pytest_support.portal",
+        ],
     },
 ]
 PUBLIC = "public"
