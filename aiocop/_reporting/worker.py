@@ -5,7 +5,8 @@ With `delivery="thread"`, and for what a stopped loop can no longer run
 ran), groups and calls are queued here and delivered by one daemon thread.
 The queue is bounded (`MAX_PENDING`): a callback slower than events arrive
 makes aiocop drop, count and log events, never grow without bound.
-`drain` (at `stop()` and at exit) delivers what is queued within `DRAIN_S`.
+`drain` (at `stop()` and at exit) delivers what is queued within `DRAIN_S`,
+then drops (counts, logs once) the rest: no callback starts after it returns.
 
 May import: aiocop._common, aiocop._interception.
 """
@@ -22,7 +23,7 @@ from aiocop._common.clock import monotonic, perf_counter
 from aiocop._interception import hook as _hook
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from aiocop._interception.hook import StepGroup
 
@@ -45,13 +46,22 @@ MAX_PENDING = 10_000
 _DROP_LOG_INTERVAL_S = 10.0
 
 
-# stop() (and the exit) waits this long for the queue to be delivered; what
-# is left then is dropped, counted and logged. A callback running at that
-# moment is waited for, up to _CALLBACK_WAIT_S more: none starts afterwards.
+# stop() (and the exit) delivers what is queued for DRAIN_S; what is left
+# then is dropped, counted and logged once, and no callback starts after
+# stop() returns. The callback running at that moment is waited for up to
+# _CALLBACK_WAIT_S more: stop() returns within DRAIN_S + _CALLBACK_WAIT_S
+# (1.5 s), whatever the shape of the flood (one batch of 10 000 steps, or
+# 10 000 batches of one).
 DRAIN_S = 1.0
 
 
-_CALLBACK_WAIT_S = 5.0
+_CALLBACK_WAIT_S = 0.5
+
+
+# A queue item: its sequence number (drain() drops every item up to one), and
+# the groups to deliver, a stall report (a call), or an Event to set once
+# everything queued before it has been handled.
+_Item = tuple[int, "list[StepGroup] | threading.Event | Callable[[], None]"]
 
 
 class Worker:
@@ -63,23 +73,34 @@ class Worker:
         # What delivering a group and claiming stranded groups are (delivery's own functions: it sits above).
         self._deliver = deliver
         self._claim_all = claim_all
-        # Items: groups to deliver, stall reports (calls), or an Event to set
-        # once everything queued before it has been handled (see drain).
-        self._queue: SimpleQueue[list[StepGroup] | threading.Event | Callable[[], None]] = SimpleQueue()
+        self._queue: SimpleQueue[_Item] = SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = _forksafe.lock()
+        # Notified by the worker each time a delivery ends (drain() waits for the running one).
+        self._idle = threading.Condition(self._lock)
+        self._seq = 0  # the last item's sequence number, under _lock (items are put under it: in order)
         self._queued = 0  # steps put, under _lock
-        self._handled = 0  # steps taken and handled (or dropped): written by the worker thread only
-        # Set by drain() when out of time: every item queued before this
-        # marker is dropped, not delivered. Cleared by the worker alone, as it
-        # reaches the marker: nothing queued before stop() runs after it.
-        self._discard_until: threading.Event | None = None
+        self._handled = 0  # steps delivered or dropped by the worker, under _lock
+        # Set by drain() when out of time (under _lock): the worker drops every
+        # item numbered up to it, step by step, without delivering it. The
+        # worker reads it under _lock before each step: nothing queued before
+        # stop() gave up starts after it.
+        self._drop_through = 0
+        self._running_since: float | None = None  # when the delivery running now began, under _lock
         self.dropped = 0  # steps dropped, since the process started
         self._dropped_logged = 0
         self._last_drop_log = 0.0
 
     def pending(self) -> int:
         return self._queued - self._handled
+
+    def _put(self, payload: list[StepGroup] | threading.Event | Callable[[], None], steps: int) -> int:
+        # Under _lock, as the count: the queue's order is the numbers' order.
+        with self._lock:
+            self._seq += 1
+            self._queued += steps
+            self._queue.put((self._seq, payload))
+            return self._seq
 
     def submit(self, groups: list[StepGroup]) -> None:
         if self._thread is None:
@@ -88,9 +109,8 @@ class Worker:
             room = MAX_PENDING - (self._queued - self._handled)
             kept = groups if len(groups) <= room else groups[: max(room, 0)]
             self.dropped += len(groups) - len(kept)
-            self._queued += len(kept)
         if kept:
-            self._queue.put(kept)
+            self._put(kept, len(kept))
         if len(kept) < len(groups):
             self._log_dropped(at_most_every=_DROP_LOG_INTERVAL_S)
 
@@ -101,12 +121,10 @@ class Worker:
             full = self._queued - self._handled >= MAX_PENDING
             if full:
                 self.dropped += 1
-            else:
-                self._queued += 1
         if full:
             self._log_dropped(at_most_every=_DROP_LOG_INTERVAL_S)
         else:
-            self._queue.put(call)
+            self._put(call, 1)
 
     def _log_dropped(self, at_most_every: float = 0.0) -> None:
         now = monotonic()
@@ -116,12 +134,10 @@ class Worker:
         self._dropped_logged, self._last_drop_log = self.dropped, now
         logger.warning(
             "aiocop: %d event(s) dropped (%d in all): the slow-task callbacks run slower than events arrive "
-            "(delivery='thread' keeps at most %d waiting, and stop() delivers for %.0f s); make them faster, "
-            "or sample fewer requests",
+            "(delivery='thread' keeps at most %d waiting); make them faster, or sample fewer requests",
             new,
             self.dropped,
             MAX_PENDING,
-            DRAIN_S,
         )
 
     def _start(self) -> None:
@@ -135,32 +151,37 @@ class Worker:
             item = self._queue.get()
             if item is _SHUTDOWN:
                 return
-            if isinstance(item, threading.Event):
-                if item is self._discard_until:
-                    self._discard_until = None
-                item.set()
+            seq, payload = item
+            if isinstance(payload, threading.Event):
+                payload.set()
                 continue
-            steps = 1 if callable(item) else len(item)
-            try:
-                if self._discard_until is not None:
-                    with self._lock:  # loop threads count their drops too (in submit)
-                        self.dropped += steps
-                else:
-                    self._handle(item)
-            except BaseException:  # this thread must outlive anything a delivery raises
-                _hook._internal_error("delivering off the loop")
-            finally:
-                self._handled += steps
+            # One step at a time, each let through the gate on its own: a
+            # batch of thousands of steps stops at drain()'s word, not at its end.
+            steps: Sequence[StepGroup | Callable[[], None]] = [payload] if callable(payload) else payload
+            for index, step in enumerate(steps):
+                with self._lock:
+                    if seq <= self._drop_through:
+                        self._handled += len(steps) - index  # drain() counted them as dropped
+                        break
+                    self._running_since = monotonic()
+                try:
+                    self._handle(step)
+                except BaseException:  # this thread must outlive anything a delivery raises
+                    _hook._internal_error("delivering off the loop")
+                finally:
+                    with self._lock:
+                        self._handled += 1
+                        self._running_since = None
+                        self._idle.notify_all()
 
-    def _handle(self, item: list[StepGroup] | Callable[[], None]) -> None:
-        if callable(item):
-            item()
+    def _handle(self, step: StepGroup | Callable[[], None]) -> None:
+        if callable(step):
+            step()
             return
-        for group in item:
-            if not group.t_end:
-                group.t_end = perf_counter()
-            # A copy: the loop thread may still be inside the original.
-            group.context.copy().run(self._deliver, group)
+        if not step.t_end:
+            step.t_end = perf_counter()
+        # A copy: the loop thread may still be inside the original.
+        step.context.copy().run(self._deliver, step)
 
     def wait(self, timeout: float) -> bool:
         """Wait until what is queued now has been handled; False if `timeout` passed first."""
@@ -168,39 +189,71 @@ class Worker:
         if thread is None or not thread.is_alive() or thread is threading.current_thread():
             return False
         done = threading.Event()
-        self._queue.put(done)
+        self._put(done, 0)
         return done.wait(timeout)
 
     def drain(self, timeout: float | None = None) -> None:
-        """Deliver what is queued, within `timeout`; drop (count, log) what is left; no callback starts after.
+        """Deliver what is queued, within `timeout`; drop what is left, with one warning; no callback starts after.
 
-        The callback running when time is up is waited for (up to
-        `_CALLBACK_WAIT_S`): returns within `timeout` plus that callback.
-        Then deliver what was never scheduled, on this thread.
+        The callback running when time is up is waited for up to
+        `_CALLBACK_WAIT_S`: returns within `timeout` plus that. What was
+        never scheduled is delivered on this thread within the same time.
         """
         if timeout is None:
             timeout = DRAIN_S  # read now: a test may shorten it
+        started = monotonic()
+        deadline = started + timeout + _CALLBACK_WAIT_S
+        left = 0
+        running_for: float | None = None
         thread = self._thread
         if thread is not None and thread.is_alive() and thread is not threading.current_thread():
             done = threading.Event()
-            self._queue.put(done)
+            self._put(done, 0)
             if not done.wait(timeout):
-                # Out of time: the rest, up to the marker, is dropped by the
-                # worker (quickly); only the callback running now is waited for.
-                self._discard_until = done
-                if done.is_set():  # the worker reached the marker meanwhile: nothing left to drop
-                    self._discard_until = None
-                elif not done.wait(_CALLBACK_WAIT_S):
-                    logger.warning(
-                        "aiocop: a slow-task callback has been running for over %.0f s; stop() returns without "
-                        "waiting for it (no other callback will start)",
-                        timeout + _CALLBACK_WAIT_S,
-                    )
-        self._log_dropped()
-        for group in self._claim_all(list(_hook.unclaimed)):
+                left, running_for = self._give_up(deadline)
+        stranded = self._claim_all(list(_hook.unclaimed))
+        for index, group in enumerate(stranded):
+            if monotonic() >= deadline:
+                with self._lock:
+                    self.dropped += len(stranded) - index
+                left += len(stranded) - index
+                break
             if not group.t_end:
                 group.t_end = perf_counter()
             group.context.copy().run(self._deliver, group)
+        self._log_drained(left, timeout, running_for)
+
+    def _give_up(self, deadline: float) -> tuple[int, float | None]:
+        # Out of time: every step queued so far, not started, is dropped (the
+        # worker skips them, quickly), and counted here and now; the delivery
+        # running now is waited for until `deadline`. Returns how many were
+        # dropped, and how long the delivery still running has run (None: none is).
+        with self._lock:
+            self._drop_through = self._seq
+            running = self._running_since is not None
+            left = self._queued - self._handled - (1 if running else 0)
+            self.dropped += left
+            self._dropped_logged += left  # logged by _log_drained, with its reason
+            self._idle.wait_for(lambda: self._running_since is None, max(deadline - monotonic(), 0.0))
+            since = self._running_since
+        return left, None if since is None else monotonic() - since
+
+    def _log_drained(self, left: int, limit: float, running_for: float | None) -> None:
+        self._log_dropped()  # the queue's overflow, not logged yet: its own reason
+        if left:
+            logger.warning(
+                "aiocop: stop() dropped %d event(s) not delivered: the slow-task callbacks (delivery='thread') "
+                "had not delivered them after %.1f s, stop()'s limit; they are counted, and no callback starts "
+                "after stop() returns (make the callbacks faster, or sample fewer requests)",
+                left,
+                limit,
+            )
+        if running_for is not None:
+            logger.warning(
+                "aiocop: a slow-task callback has been running for %.1f s; stop() returns without waiting "
+                "for it (no other callback will start)",
+                running_for,
+            )
 
     def shutdown(self) -> None:
         """End the thread once what is queued has been handled (an attach session leaving its target)."""
