@@ -15,10 +15,10 @@ from aiocop._commands.attach_report import (
     MAX_REPORT_BYTES,
     BadReportError,
     parse,
-    printable,
     report,
     status,
 )
+from aiocop._common.escape import printable
 from aiocop._reporting.report import Summary
 
 NONCE = "0123456789abcdef0123456789abcdef"

@@ -29,6 +29,7 @@ LAYERS: list[dict[str, list[str]]] = [
             "aiocop._common.clock",
             "aiocop._common.forksafe",
             "aiocop._common.validate",
+            "aiocop._common.escape",
             "aiocop._common.inputs",
         ]
     },

@@ -23,7 +23,8 @@ import aiocop
 from aiocop._commands import attach_proc as _attach_proc
 from aiocop._commands import attach_report as _attach_report
 from aiocop._commands.attach_files import AttachError, Exchange, Pin, agent_sources, temporary_folder
-from aiocop._commands.attach_report import BadReportError, printable
+from aiocop._commands.attach_report import BadReportError
+from aiocop._common.escape import printable
 from aiocop._model.severity import level_rank
 from aiocop._reporting import report_files as _report_files
 from aiocop._reporting.report import Summary

@@ -25,7 +25,7 @@ import platform
 from dataclasses import dataclass
 from typing import Any
 
-from aiocop._commands.attach_report import printable
+from aiocop._common.escape import printable
 
 _MAX_READ = 4096
 _MAX_STACK = 30

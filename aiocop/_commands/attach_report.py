@@ -16,8 +16,9 @@ from __future__ import annotations
 import hmac
 import json
 import math
-import unicodedata
 from typing import TYPE_CHECKING, Any
+
+from aiocop._common.escape import printable
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -44,28 +45,9 @@ _SHORT = 256  # versions, event names
 _LINE = 4_096  # call sites, error messages
 _TRACE = 65_536
 
-# Unicode categories never shown raw: C0/C1 controls and DEL (terminal escapes),
-# format characters (bidirectional overrides, zero-width), lone surrogates
-# (which stderr could not even encode), line and paragraph separators.
-_UNPRINTABLE = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
-
 
 class BadReportError(Exception):
     """A document from the target that cannot be used, said in one line."""
-
-
-def printable(text: str) -> str:
-    """`text` with every character a terminal could act on escaped (`\\x1b`, `\\u202e`)."""
-    if text.isprintable():  # the usual case: nothing to do
-        return text
-    out = []
-    for char in text:
-        if unicodedata.category(char) in _UNPRINTABLE:
-            code = ord(char)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
-        else:
-            out.append(char)
-    return "".join(out)
 
 
 def parse(data: bytes, name: str, limit: int) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import aiocop
+from aiocop._common.escape import printable
 from aiocop._common.inputs import open_for_writing
 from aiocop._configuration import baseline as _baseline
 from aiocop._configuration.config import MAX_HANG_AFTER_MS, MAX_THRESHOLD_MS, ConfigError, parse_allow_line, read_config
@@ -569,7 +570,7 @@ def _conclude(
         try:
             _baseline.write(settings.write_baseline, summary.counts())
         except OSError as error:
-            print(f"aiocop: could not write --write-baseline file: {error}", file=sys.stderr)
+            print(f"aiocop: could not write --write-baseline file: {printable(str(error))}", file=sys.stderr)
             return status or EXIT_ERROR
         print(
             f"aiocop: wrote {len(summary.counts())} call site(s) to the baseline {settings.write_baseline!r}",
@@ -739,6 +740,6 @@ def _write_json(path: str, program: Program, status: int, summary: Summary) -> b
             json.dump(document, out, indent=2)
             out.write("\n")
     except OSError as error:
-        print(f"aiocop: could not write --json file: {error}", file=sys.stderr)
+        print(f"aiocop: could not write --json file: {printable(str(error))}", file=sys.stderr)
         return False
     return True

@@ -111,13 +111,6 @@ _repr.maxlist = _repr.maxdict = _repr.maxtuple = 6
 _repr.maxlevel = 3
 
 
-def printable(text: str) -> str:
-    """`text` as it may be printed: control characters (a terminal's escape sequences) escaped."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
-
-
 def shown(value: object) -> str:
     """`repr(value)`, shortened: what a message quotes of a value read from a file (which may be huge)."""
     return _repr.repr(value)

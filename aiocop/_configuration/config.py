@@ -33,7 +33,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from aiocop._common.inputs import InputError, UntrustedError, printable, read_file, shown
+from aiocop._common.escape import printable
+from aiocop._common.inputs import InputError, UntrustedError, read_file, shown
 from aiocop._common.validate import did_you_mean
 
 if sys.version_info >= (3, 11):

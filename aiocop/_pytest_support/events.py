@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, cast, overload
 
 from aiocop._common import forksafe as _forksafe
 from aiocop._common.clock import perf_counter
+from aiocop._common.escape import printable
 from aiocop._configuration.baseline import Key, call_keys, stall_key
 from aiocop._interception import hook as _hook
 from aiocop._interception import loops as _loops
@@ -290,12 +291,12 @@ def _advice(events: Sequence[SlowTaskEvent]) -> list[str]:
     libraries: dict[tuple[str, str], set[str]] = {}
     for event in events:
         for call in event.blocking_events:
-            name = call.get("name", call["event"])
+            name = printable(call.get("name", call["event"]))  # (the program's names: escaped for the terminal)
             site = library_site(call)
             if site is None:
                 own.add(name)
             else:
-                libraries.setdefault(site, set()).add(name)
+                libraries.setdefault((printable(site[0]), printable(site[1])), set()).add(name)
     lines = []
     if own:
         names = sorted(own)
@@ -324,22 +325,22 @@ def _describe_stall(event: SlowTaskEvent) -> str:
     # stuck on (a failing test should show it), and identical stacks counted
     # once. The task of a stall in a loop's last step has finished before the
     # watchdog reports it: then no task name is known.
-    where = f" in task {event.task_name!r}" if event.task_name else ""
+    where = f" in task {printable(repr(event.task_name))}" if event.task_name else ""
     lines = [
         f"loop stalled for {event.elapsed_ms:.1f} ms{where} (impact {event.impact}): "
-        f"{event.culprit or 'no call to intercept'}"
+        f"{printable(event.culprit or 'no call to intercept')}"
     ]
-    lines.append(f"  at {call_site(event)}")
+    lines.append(f"  at {printable(call_site(event))}")
     samples = event.cpu_stack_samples
     if samples:
         # A sample carries the two keys source_line() reads (entry_point, frames).
         text = source_line(cast("BlockingEventInfo", samples[0]))
         if text:
-            lines.append(f"      {text}")
+            lines.append(f"      {printable(text)}")
     counts: dict[str, int] = {}
     for sample in samples:
         counts[sample["trace"]] = counts.get(sample["trace"], 0) + sample["count"]
     total = sum(counts.values())
     for trace, count in sorted(counts.items(), key=lambda item: -item[1])[:3]:
-        lines.append(f"  stack ({count} of {total} samples): {trace}")
+        lines.append(f"  stack ({count} of {total} samples): {printable(trace)}")
     return "\n".join(lines)

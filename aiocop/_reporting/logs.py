@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiocop._common import forksafe as _forksafe
 from aiocop._common.clock import monotonic
+from aiocop._common.escape import printable
 from aiocop._common.validate import check_callable, check_int, check_number
 from aiocop._model import callbacks as _callbacks
 from aiocop._reporting.report import STALL, call_site, describe, describe_hang, hang_headline, step_held, to_record
@@ -98,16 +99,16 @@ class CallSiteLimiter:
 
 def headline(event: SlowTaskEvent) -> str:
     """One line naming what blocked, where, and for how long."""
-    site = call_site(event)
+    site = printable(call_site(event))
     if event.ongoing:
         return f"aiocop: {hang_headline(event)}"
     if event.reason == "cpu_blocking":
         return (
             f"aiocop: loop stalled {event.elapsed_ms:.1f} ms at {site} (impact {event.impact}): "
-            f"{event.culprit or 'no call to intercept'}"
+            f"{printable(event.culprit or 'no call to intercept')}"
         )
-    names = ", ".join(dict.fromkeys(info.get("name", info["event"]) for info in event.blocking_events))
-    task = f", task {event.task_name!r}" if event.task_name else ""
+    names = printable(", ".join(dict.fromkeys(info.get("name", info["event"]) for info in event.blocking_events)))
+    task = f", task {printable(repr(event.task_name))}" if event.task_name else ""
     return (
         f"aiocop: blocking call {names} at {site} "
         f"(impact {event.impact}, severity {event.severity_level}, {step_held(event)}{task})"
@@ -262,7 +263,19 @@ def structured_fields(event: SlowTaskEvent, occurrence: Occurrence) -> dict[str,
     fields.update(data)
     for key, value in context.items():
         fields.setdefault(key, value)  # context providers' keys (http_path, trace ids, ...) at the top level
-    return fields
+    # structlog's renderers print strings as they are (its ConsoleRenderer, a
+    # key=value one): the fields are text for a terminal or a log, made printable.
+    return {printable(str(key)): _printable_value(value) for key, value in fields.items()}
+
+
+def _printable_value(value: object) -> object:
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, list):
+        return [_printable_value(item) for item in value]
+    if isinstance(value, dict):
+        return {printable(str(key)): _printable_value(item) for key, item in value.items()}
+    return value
 
 
 def _stall_trace(data: dict[str, Any]) -> str:

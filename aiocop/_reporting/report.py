@@ -1,4 +1,10 @@
-"""Turning events into text and plain data: shared by logging, the CLI and the pytest plugin."""
+"""Turning events into text and plain data: shared by logging, the CLI and the pytest plugin.
+
+The text (`describe`, the table) goes to terminals and logs: every string in
+it that the watched program chose (file, function and task names, a call's
+arguments, source lines) is made `printable` there. The plain data
+(`to_record`, `to_dict`) keeps them as they are: JSON escapes them itself.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiocop._common import forksafe as _forksafe
+from aiocop._common.escape import printable as _p
 from aiocop._interception.frames import format_frame, is_app_file, short_path
 from aiocop._model.severity import WEIGHT_MODERATE, level_rank
 
@@ -122,17 +129,17 @@ def _plain(value: object) -> object:
 
 def describe(event: SlowTaskEvent, *, max_calls: int = 10) -> str:
     """A readable, multi-line account of one event, with the offending lines."""
-    where = f" in task {event.task_name!r}" if event.task_name else " in a callback"
+    where = f" in task {_p(repr(event.task_name))}" if event.task_name else " in a callback"
     if event.ongoing:
         return describe_hang(event)
     if event.reason == "cpu_blocking":
         lines = [
             f"loop stalled for {event.elapsed_ms:.1f} ms{where} (impact {event.impact}): "
-            f"{event.culprit or 'no call to intercept'}"
+            f"{_p(event.culprit or 'no call to intercept')}"
         ]
-        lines.append(f"  at {call_site(event)}")
+        lines.append(f"  at {_p(call_site(event))}")
         for sample in event.cpu_stack_samples[:3]:
-            lines.append(f"  sampled {sample['count']}x: {sample['trace']}")
+            lines.append(f"  sampled {sample['count']}x: {_p(sample['trace'])}")
     else:
         count = len(event.blocking_events) + event.dropped_events
         lines = [
@@ -141,28 +148,28 @@ def describe(event: SlowTaskEvent, *, max_calls: int = 10) -> str:
         ]
         shown, rest = shown_calls(event, max_calls)
         for info in shown:
-            lines.append(f"  {info['event']}")
+            lines.append(f"  {_p(info['event'])}")
             # The application's line first: the one to change. Where a library
             # made the call, where it blocked follows.
             app = app_site(info)
-            lines.append(f"    at {app}")
+            lines.append(f"    at {_p(app)}")
             text = source_line(info, app)
             if text:
-                lines.append(f"      {text}")
+                lines.append(f"      {_p(text)}")
             if app != info["entry_point"]:
-                lines.append(f"    blocked in {info['entry_point']}")
-            lines.append(f"    trace: {info['trace']}")
+                lines.append(f"    blocked in {_p(info['entry_point'])}")
+            lines.append(f"    trace: {_p(info['trace'])}")
         if rest:
-            lines.append(f"  {rest}")
+            lines.append(f"  {_p(rest)}")
         if event.cpu_stack_samples:
-            lines.append(f"  the loop was also stuck at: {event.cpu_stack_samples[0]['trace']}")
+            lines.append(f"  the loop was also stuck at: {_p(event.cpu_stack_samples[0]['trace'])}")
     if event.hang_reports:
         lines.append(
             f"  reported as a hang {event.hang_reports} time{'s' if event.hang_reports != 1 else ''} "
             f"while it ran; it held the loop {event.hung_ms / 1000.0:.1f} s in all"
         )
     if event.context:
-        lines.append("  context: " + ", ".join(f"{k}={v!r}" for k, v in event.context.items()))
+        lines.append("  context: " + context_text(event.context))
     return "\n".join(lines)
 
 
@@ -226,35 +233,40 @@ def library_site(info: BlockingEventInfo) -> tuple[str, str] | None:
     return None
 
 
+def context_text(context: dict[str, Any]) -> str:
+    """A context's keys and values as one line: `http_path='/x', user=3`."""
+    return ", ".join(f"{_p(str(k))}={_p(repr(v))}" for k, v in context.items())
+
+
 def hang_headline(event: SlowTaskEvent) -> str:
     """One line for a hang report: the loop, how long, where, and what it is doing."""
-    where = f"task {event.task_name!r}" if event.task_name else "a callback"
+    where = f"task {_p(repr(event.task_name))}" if event.task_name else "a callback"
     again = f", report {event.hang_reports}" if event.hang_reports > 1 else ""
     return (
         f"loop HUNG for {event.elapsed_ms / 1000.0:.1f} s (still running{again}) in {where} on thread "
-        f"{event.thread_name!r}: {event.culprit or 'no stack'} at {call_site(event)}"
+        f"{_p(repr(event.thread_name))}: {_p(event.culprit or 'no stack')} at {_p(call_site(event))}"
     )
 
 
 def describe_hang(event: SlowTaskEvent) -> str:
     """A hang report with its whole stack, innermost frame first, each with its source line."""
-    lines = [hang_headline(event), f"  loop: {event.loop}"]
+    lines = [hang_headline(event), f"  loop: {_p(event.loop)}"]
     if event.context:
-        lines.append("  context: " + ", ".join(f"{k}={v!r}" for k, v in event.context.items()))
+        lines.append("  context: " + context_text(event.context))
     if event.blocker:
-        lines.append(f"  blocked by: {event.blocker}")
+        lines.append(f"  blocked by: {_p(event.blocker)}")
         if event.blocker_trace:
-            lines.append("    its stack: " + event.blocker_trace)
+            lines.append("    its stack: " + _p(event.blocker_trace))
     samples = event.cpu_stack_samples
     if samples:
         lines.append("  stack (innermost first):")
         for filename, lineno, function in samples[0].get("frames", ()):
-            lines.append(f"    {filename}:{lineno} in {function}")
+            lines.append(f"    {_p(filename)}:{lineno} in {_p(function)}")
             text = linecache.getline(filename, lineno).strip()
             if text:
-                lines.append(f"      {text}")
+                lines.append(f"      {_p(text)}")
         if not samples[0].get("frames"):
-            lines.append(f"    {samples[0]['trace']}")
+            lines.append(f"    {_p(samples[0]['trace'])}")
     return "\n".join(lines)
 
 
@@ -437,7 +449,7 @@ class Summary:
         # call): the headers say so, and the note under the table.
         headers: tuple[str, ...] = ("call site", "events", "count", "steps ms", "worst step ms", "impact")
         table: list[tuple[str, ...]] = [
-            (r.call_site, _shorten(r.event), str(r.count), f"{r.total_ms:.1f}", f"{r.worst_ms:.1f}", r.impact)
+            (_p(r.call_site), _shorten(_p(r.event)), str(r.count), f"{r.total_ms:.1f}", f"{r.worst_ms:.1f}", r.impact)
             for r in shown
         ]
         if self.baseline is not None:

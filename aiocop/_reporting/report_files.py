@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from aiocop._common.escape import printable
 from aiocop._common.inputs import open_for_writing
 
 if TYPE_CHECKING:
@@ -164,6 +165,6 @@ def write_model(model: dict[str, Any], paths: Mapping[str, str | None], *, own_f
             with open_own(flag, path) if own_files else open_for_writing(path) as out:
                 out.write(text)
         except (OSError, UnicodeError) as error:
-            print(f"aiocop: could not write {flag} file: {error}", file=sys.stderr)
+            print(f"aiocop: could not write {flag} file: {printable(str(error))}", file=sys.stderr)
             ok = False
     return ok
