@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -382,7 +381,7 @@ needs_root = pytest.mark.skipif(
 @pytest.fixture
 def no_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AIOCOP_CONFIG", raising=False)
-    _config._warned.clear()
+    monkeypatch.delenv("AIOCOP_TRUST", raising=False)
 
 
 @pytest.mark.parametrize(
@@ -494,49 +493,82 @@ def test_the_search_stops_at_the_projects_root(tmp_path: Path, monkeypatch: pyte
     assert load_config() == ProjectConfig(source=str(tmp_path / "plain" / "pyproject.toml"))
 
 
-def test_a_found_file_of_another_user_is_ignored_with_one_warning(
+# One rule for every file aiocop reads, found or named, as git's `safe.directory`:
+# yours or root's, writable by nobody else, no link of another user's on the
+# way; else refused with an error naming the file and the override.
+
+
+def _refusal(path: Path, reason: str) -> str:
+    return (
+        f"{path}: refused: {reason}: a file aiocop reads must be yours or root's and writable by nobody else "
+        f"(set AIOCOP_TRUST={path} if you trust it)"
+    )
+
+
+def test_a_file_of_another_user_is_refused_found_or_named_unless_trusted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_env: None
 ) -> None:
-    path = pyproject(tmp_path, "threshold_ms = 'planted'")
+    path = pyproject(tmp_path, 'fail_on = "low"')
     owner = owned_by_someone_else(path, monkeypatch)
+    reason = f"it belongs to another user ({owner}; you are uid {_inputs.os.geteuid()})"
     monkeypatch.chdir(tmp_path)
-    with pytest.warns(UserWarning, match="aiocop: ignoring") as warned:
-        assert load_config() == ProjectConfig()
-    (warning,) = warned
-    assert str(warning.message) == (
-        f"aiocop: ignoring {path}: it belongs to another user ({owner}; you are uid {_inputs.os.geteuid()}); "
-        "going on with the defaults (set AIOCOP_CONFIG to its path to use it anyway)"
+    # Found as the project's own: refused, not ignored (its fail_on would be dropped unseen).
+    with pytest.raises(ConfigError) as raised:
+        load_config()
+    assert str(raised.value).startswith(
+        f"{path} (found as the project's configuration): refused: {reason}: a file aiocop reads"
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert load_config() == ProjectConfig()  # warned once, not at every read
-    # Checked before anything else: another user's file is ignored whatever it is (here: too large).
-    monkeypatch.setattr(_config, "MAX_CONFIG_BYTES", 10)
-    _config._warned.clear()
-    with pytest.warns(UserWarning, match="it belongs to another user"):
-        assert load_config() == ProjectConfig()
-    monkeypatch.undo()
-    owned_by_someone_else(path, monkeypatch)
-    # Named by the user, it is read (and here refused for what it says).
-    with pytest.raises(ConfigError, match="threshold_ms: expected a number"):
+    assert f"(set AIOCOP_TRUST={path} if you trust it); if it is not your project's" in str(raised.value)
+    # Named by the user (a path, AIOCOP_CONFIG): the same rule.
+    with pytest.raises(ConfigError) as raised:
         load_config(path)
+    assert str(raised.value) == _refusal(path, reason)
     monkeypatch.setenv("AIOCOP_CONFIG", str(path))
-    with pytest.raises(ConfigError, match="threshold_ms: expected a number"):
+    with pytest.raises(ConfigError, match=re.escape(_refusal(path, reason))):
+        load_config()
+    # Checked before anything else: another user's file is refused whatever it is (here: too large).
+    monkeypatch.setattr(_config, "MAX_CONFIG_BYTES", 10)
+    with pytest.raises(ConfigError, match="it belongs to another user"):
+        load_config()
+    monkeypatch.setattr(_config, "MAX_CONFIG_BYTES", 4 << 20)
+    # The override: the file, a folder above it, or every file.
+    for trusted in (str(path), str(tmp_path), f"/nowhere{os.pathsep}{tmp_path}", "*"):
+        monkeypatch.setenv("AIOCOP_TRUST", trusted)
+        assert load_config().fail_on == "low"
+    monkeypatch.setenv("AIOCOP_TRUST", str(tmp_path / "other"))
+    with pytest.raises(ConfigError, match="refused"):
         load_config()
 
 
-def test_a_found_file_anyone_can_write_is_ignored(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_env: None
-) -> None:
-    path = pyproject(tmp_path, "threshold_ms = 'planted'")
+def test_a_file_anyone_can_write_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_env: None) -> None:
+    path = pyproject(tmp_path, 'fail_on = "low"')
     path.chmod(0o666)
     monkeypatch.chdir(tmp_path)
-    with pytest.warns(UserWarning, match=re.escape(f"aiocop: ignoring {path}: anyone can write it; going on")):
-        assert load_config() == ProjectConfig()
-    path.chmod(0o644)
-    _config._warned.clear()
-    with pytest.raises(ConfigError, match="threshold_ms"):
+    with pytest.raises(ConfigError, match=re.escape(f"{path} (found as the project's configuration): refused: anyone")):
         load_config()
+    with pytest.raises(ConfigError, match=re.escape(_refusal(path, "anyone can write it"))):
+        load_config(path)
+    path.chmod(0o644)
+    assert load_config().fail_on == "low"
+
+
+@needs_root
+def test_a_link_of_another_user_to_a_file_of_yours_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_env: None
+) -> None:
+    # A link planted in a shared parent, to a file of yours that says something else (allow everything).
+    mine = tmp_path / "mine.toml"
+    mine.write_text('[tool.aiocop]\nallow = ["everything=true"]\n')
+    project = tmp_path / "shared" / "work"
+    project.mkdir(parents=True)
+    link = tmp_path / "shared" / "pyproject.toml"
+    link.symlink_to(mine)
+    os.lchown(link, OTHER_UID, -1)
+    monkeypatch.chdir(project)
+    with pytest.raises(ConfigError, match=re.escape("refused: it is a symbolic link that belongs to another user")):
+        load_config()
+    os.lchown(link, 0, -1)  # your own link to your own file: read
+    assert load_config().allow
 
 
 # --- baselines -----------------------------------------------------------------------------
@@ -720,23 +752,66 @@ def test_aiocop_under_a_broken_parent_of_ones_own_is_a_usage_error_naming_it(tmp
 
 @needs_root
 @pytest.mark.parametrize("kind", sorted(HOSTILE))
-def test_aiocop_under_a_parent_planted_by_another_user_ignores_it_with_a_warning(tmp_path: Path, kind: str) -> None:
+def test_aiocop_under_a_parent_planted_by_another_user_refuses_it_naming_the_override(
+    tmp_path: Path, kind: str
+) -> None:
+    # As git in a repository of another user's: an error naming the file and
+    # the override, never a run with the file silently left out (or followed).
     planted, project = hostile_parent(tmp_path, kind)
     os.chown(planted, OTHER_UID, -1)
-    warning = f"aiocop: ignoring {planted}: it belongs to another user (uid {OTHER_UID}; you are uid 0)"
+    refusal = (
+        f"{planted} (found as the project's configuration): refused: it belongs to another user (uid {OTHER_UID}; "
+        f"you are uid 0): a file aiocop reads must be yours or root's and writable by nobody else "
+        f"(set AIOCOP_TRUST={planted} if you trust it)"
+    )
     if kind != "tool-not-a-table":  # which pytest itself cannot start with (see above)
-        result = run_pytest(project, "--aiocop", "-W", "default")
-        assert result.returncode == 1, result.stdout + result.stderr  # the blocking test fails: defaults apply
-        assert "1 failed" in result.stdout and warning in result.stdout
-        assert result.stdout.count(warning) == 1
-    if kind == "allow-everything":  # a suite whose warnings are errors: a usage error, never INTERNALERROR
-        strict = run_pytest(project, "--aiocop", "-W", "error::pytest.PytestConfigWarning")
-        assert strict.returncode == 4, strict.stdout + strict.stderr
-        assert f"ERROR: {warning}" in strict.stderr and "which the warning filters make an error" in strict.stderr
-        assert "INTERNALERROR" not in strict.stdout + strict.stderr
+        result = run_pytest(project, "--aiocop")
+        assert result.returncode == 4, result.stdout + result.stderr  # pytest's usage error
+        assert f"ERROR: {refusal}" in result.stderr
+        assert "INTERNALERROR" not in result.stdout + result.stderr and "Traceback" not in result.stderr
     cli = aiocop_run("run", "--fail-on", "low", "prog.py", cwd=project)
-    assert cli.returncode == 3, cli.stderr  # the planted allow-everything rule did not switch the gate off
-    assert cli.stderr.count(warning) == 1
+    assert cli.returncode == 2, cli.stderr
+    assert cli.stderr.count(refusal) == 1 and "Traceback" not in cli.stderr
+
+
+@needs_root
+def test_the_projects_own_file_of_another_user_fails_the_run_instead_of_dropping_its_fail_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 38: a checkout owned by another uid (a CI volume) whose fail_on was
+    # ignored with a warning: `run` exited 0 instead of 3. Now refused; trusted, it fails the run.
+    project = tmp_path / "project"
+    (project / ".git").mkdir(parents=True)
+    (project / "prog.py").write_text(PROGRAM.format(extra="pass"))
+    config = pyproject(project, 'fail_on = "low"')
+    os.chown(config, OTHER_UID, -1)
+    refused = aiocop_run("run", "prog.py", cwd=project)
+    assert refused.returncode == 2, refused.stderr
+    assert f"{config} (found as the project's configuration): refused: it belongs to another user" in refused.stderr
+    monkeypatch.setenv("AIOCOP_TRUST", str(project))  # the subprocess inherits it
+    trusted = aiocop_run("run", "prog.py", cwd=project)
+    assert trusted.returncode == 3, trusted.stderr
+
+
+@needs_root
+def test_a_baseline_of_another_user_or_anyone_can_write_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(baseline_document()))
+    os.chown(path, OTHER_UID, -1)
+    with pytest.raises(
+        _baseline.BaselineError, match=re.escape(f"refused: it belongs to another user (uid {OTHER_UID}")
+    ):
+        _baseline.read(str(path))
+    os.chown(path, 0, -1)
+    path.chmod(0o666)
+    with pytest.raises(_baseline.BaselineError) as raised:
+        _baseline.read(str(path))
+    assert str(raised.value) == (
+        f"baseline {str(path)!r}: refused: anyone can write it: a file aiocop reads must be yours or root's and "
+        f"writable by nobody else (set AIOCOP_TRUST={path} if you trust it)"
+    )
+    path.chmod(0o644)
+    assert _baseline.read(str(path))
 
 
 def test_pytest_refuses_blank_allow_rules_in_its_ini(pytester: pytest.Pytester) -> None:

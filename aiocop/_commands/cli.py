@@ -401,10 +401,6 @@ def _check_output(parser: argparse.ArgumentParser, flag: str, path: str | None) 
         _usage_error(parser, problem)
 
 
-def _warn(message: str) -> None:
-    print(message, file=sys.stderr)
-
-
 @dataclass(frozen=True)
 class Resolved:
     """The run's settings: each flag, else `[tool.aiocop]`, else the default."""
@@ -421,7 +417,7 @@ class Resolved:
 
 def _resolve(settings: argparse.Namespace, parser: argparse.ArgumentParser) -> Resolved:
     try:
-        project = read_config(settings.config, warn=_warn, named_by="--config")
+        project = read_config(settings.config, named_by="--config")
     except ConfigError as exc:
         _usage_error(parser, str(exc))
     cwd = os.getcwd()

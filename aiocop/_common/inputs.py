@@ -4,9 +4,17 @@ Such a file may be anything its path leads to: a FIFO (whose `open()` waits
 for a writer forever), `/dev/zero` (endless), a file of gigabytes, or one
 planted by another local user in a shared folder above the project. Each is
 opened without blocking, checked to be a regular file, and read up to a
-limit; a file found by searching (not named by the user) must also belong
-to the user or to root and be writable by nobody else, as git asks of a
-repository (`safe.directory`).
+limit.
+
+One rule of trust for every file aiocop reads, found by searching or named
+(a flag, `AIOCOP_CONFIG`, `baseline =`), as git's for a repository
+(`safe.directory`): the file must belong to you or to root and be writable
+by nobody else, and a symbolic link on the way to it (its last component)
+must belong to you or to root too. Anything else is refused, with an error
+naming the file, why, and the override: `AIOCOP_TRUST`, the paths you trust
+anyway (files, or folders for every file under them; `*` for all), separated
+as in `PATH`. Never ignored with a warning: a configuration left out
+silently changes what a run checks (a CI gate's `fail_on` gone).
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ import os
 import reprlib
 import stat
 from typing import TextIO
+
+from aiocop._common.escape import printable
 
 _OPEN_FLAGS = (
     os.O_RDONLY
@@ -36,28 +46,35 @@ class InputError(ValueError):
     """A file that is not one aiocop reads: not a regular file, or too large. The message says which."""
 
 
+TRUST_VAR = "AIOCOP_TRUST"
+
+
 class UntrustedError(InputError):
-    """A file found by searching that another user could have planted: ignored, with a warning."""
+    """A file another user could have written or planted: refused. The message says why, and the override."""
 
 
-def read_file(path: str, limit: int, *, found: bool = False) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes (raises OSError, InputError).
+def read_file(path: str, limit: int) -> bytes:
+    """The bytes of a trusted regular file of at most `limit` bytes (raises OSError, InputError).
 
-    `found`: the file was found by searching, not named by the user: it must
-    also be trusted (raises `UntrustedError`, checked first: a planted file is
-    ignored whatever it is).
+    Trust is checked once the file is known to be a regular one (raises
+    `UntrustedError`), before its size: another user's file is refused,
+    unless `AIOCOP_TRUST` names it.
     """
     if "\0" in path:  # os.open would raise ValueError, not OSError
         raise InputError("a file name cannot hold a NUL character")
+    link = os.lstat(path)  # the path's own entry: a link planted in a shared folder, to a file of yours
     fd = os.open(path, _OPEN_FLAGS)
     try:
         status = os.fstat(fd)  # of what was opened: no window for a swap after a check
-        reason = untrusted(status) if found else None
-        if reason is not None:
-            raise UntrustedError(reason)
         if not stat.S_ISREG(status.st_mode):
             kind = next((name for test, name in _KINDS if test(status.st_mode)), "not a regular file")
             raise InputError(f"it is {kind}, not a regular file")
+        reason = untrusted(status) or (untrusted(link, link=True) if stat.S_ISLNK(link.st_mode) else None)
+        if reason is not None and not trusted_anyway(path):
+            raise UntrustedError(
+                f"{reason}: a file aiocop reads must be yours or root's and writable by nobody else "
+                f"(set {TRUST_VAR}={printable(os.path.abspath(path))} if you trust it)"
+            )
         if status.st_size > limit:
             raise InputError(f"it is {status.st_size} bytes, more than the {limit} aiocop reads")
         chunks: list[bytes] = []
@@ -88,20 +105,37 @@ def open_for_writing(path: str) -> TextIO:
         raise
 
 
-def untrusted(status: os.stat_result) -> str | None:
-    """Why a file found by searching must not be read (None: it may).
+def untrusted(status: os.stat_result, *, link: bool = False) -> str | None:
+    """Why a file must not be read (None: it may); `link`: `status` is a symbolic link's own.
 
     Another user's file, or one anyone can write, may have been planted to
-    steer this run (a `pyproject.toml` in a shared parent such as `/tmp`).
+    steer this run (a `pyproject.toml` in a shared parent such as `/tmp`), or
+    changed since its owner wrote it. A link's mode says nothing (always
+    0777): only its owner counts.
     """
     if not hasattr(os, "geteuid"):  # Windows: no owners to compare with
         return None
     me = os.geteuid()
+    what = "it is a symbolic link that" if link else "it"
     if status.st_uid not in (me, 0):
-        return f"it belongs to another user (uid {status.st_uid}; you are uid {me})"
-    if status.st_mode & stat.S_IWOTH:
+        return f"{what} belongs to another user (uid {status.st_uid}; you are uid {me})"
+    if not link and status.st_mode & stat.S_IWOTH:
         return "anyone can write it"
     return None
+
+
+def trusted_anyway(path: str) -> bool:
+    """Whether `AIOCOP_TRUST` names `path`, a folder above it, or `*` (every file)."""
+    value = os.environ.get(TRUST_VAR, "")
+    if not value:
+        return False
+    full = os.path.abspath(path)
+    for entry in value.split(os.pathsep):
+        if entry == "*":
+            return True
+        if entry and (full == os.path.abspath(entry) or full.startswith(os.path.join(os.path.abspath(entry), ""))):
+            return True
+    return False
 
 
 _repr = reprlib.Repr()

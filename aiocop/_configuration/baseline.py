@@ -19,7 +19,7 @@ import os
 import re
 from typing import TYPE_CHECKING
 
-from aiocop._common.inputs import InputError, open_for_writing, read_file, shown
+from aiocop._common.inputs import InputError, UntrustedError, open_for_writing, read_file, shown
 from aiocop._reporting.report import STALL, app_site, call_site, site_key
 
 if TYPE_CHECKING:
@@ -63,7 +63,8 @@ _BRACKETS_AND_STRINGS = re.compile(r'[\[\]{}]|"(?:[^"\\]|\\.)*"')
 def read(path: str) -> frozenset[Key]:
     """The call sites a baseline file records; raises `BaselineError` naming the file, the key and what is wrong.
 
-    The file must be a regular file of at most 16 MiB of UTF-8 JSON, nested
+    The file must be yours or root's, writable by nobody else (or named in
+    `AIOCOP_TRUST`), a regular file of at most 16 MiB of UTF-8 JSON, nested
     at most 8 levels deep, with `"aiocop_baseline": 1` (the integer: the
     format this version writes) and a list of call sites, each with a
     string `event` and `site`.
@@ -77,6 +78,8 @@ def read(path: str) -> frozenset[Key]:
         ) from None
     except OSError as exc:
         raise BaselineError(f"{where}: cannot read it: {exc.strerror or exc}") from None
+    except UntrustedError as exc:
+        raise BaselineError(f"{where}: refused: {exc}") from None
     except InputError as exc:
         raise BaselineError(f"{where}: {exc}") from None
     try:

@@ -16,8 +16,9 @@ sample_rate = 0.1                       # share of requests the ASGI middleware 
 Found in the project's `pyproject.toml` (the nearest from the working
 directory up, never above the project's root: the first folder with a
 `pyproject.toml`, `.git` or `.hg`), or in the file `AIOCOP_CONFIG` names. A
-file found by searching that belongs to another user, or that anyone can
-write, is ignored with a warning. Relative paths are taken from the file's
+file that belongs to another user, or that anyone can write (or a link to it
+that belongs to another user), is refused with an error naming it and the
+override, `AIOCOP_TRUST` (see `aiocop._common.inputs`). Relative paths are taken from the file's
 folder. Each integration's own flags and options win over the file. This
 module imports neither pytest nor the detector: reading a configuration
 starts nothing.
@@ -29,7 +30,6 @@ import math
 import os
 import shlex
 import sys
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -122,40 +122,32 @@ def find_pyproject(start: str | os.PathLike[str] | None = None) -> str | None:
         folder = parent
 
 
-# The files whose untrusted owner or mode has been warned of: once each.
-_warned: set[str] = set()
-
-
-def _warn(message: str) -> None:
-    warnings.warn(message, UserWarning, stacklevel=4)
-
-
 def load_config(path: str | os.PathLike[str] | None = None) -> ProjectConfig:
     """Read and check the `[tool.aiocop]` table of a `pyproject.toml`.
 
     With no `path`: the file `AIOCOP_CONFIG` names, else the project's
     `pyproject.toml`: the nearest from the working directory up, never
-    above the project's root (a folder with `.git` or `.hg`). A file found
-    that way is ignored, with a warning (once), if it belongs to another
-    user than you or root, or anyone can write it. A project without one,
-    or without the table, gets an empty configuration. Raises `ConfigError`
-    naming the file and the key for anything wrong in the table, and for a
-    `path` (or `AIOCOP_CONFIG`) that does not exist or is not a regular file.
-    Added in 2.0.
+    above the project's root (a folder with `.git` or `.hg`). A project
+    without one, or without the table, gets an empty configuration. Raises
+    `ConfigError` naming the file and the key for anything wrong in the
+    table; for a `path` (or `AIOCOP_CONFIG`) that does not exist or is not a
+    regular file; and for a file, found or named, that belongs to another
+    user than you or root, or that anyone can write, naming the override
+    (`AIOCOP_TRUST`). Added in 2.0; refusing an untrusted file found by
+    searching (it was ignored with a warning) changed in 2.0.
     """
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a file path (str or os.PathLike), not {type(path).__name__}: {path!r}")
-    return read_config(path, warn=_warn)
+    return read_config(path)
 
 
 def read_config(
     path: str | os.PathLike[str] | None,
     *,
     start: str | os.PathLike[str] | None = None,
-    warn: Callable[[str], None],
     named_by: str = "path",
 ) -> ProjectConfig:
-    """`load_config`, searching from `start` and telling `warn` (once per file) of a file it ignores.
+    """`load_config`, searching from `start`.
 
     `named_by`: what gave `path`, as error messages name it (`--config`).
     """
@@ -170,16 +162,15 @@ def read_config(
         file, origin = found, ""
     source = os.path.abspath(file)
     try:
-        # Found by searching (no origin), it must be the user's; a file named explicitly is trusted as given.
-        data = read_file(file, MAX_CONFIG_BYTES, found=not origin)
+        # Found or named, one rule (read_file's): a file another user could have written is refused.
+        data = read_file(file, MAX_CONFIG_BYTES)
     except UntrustedError as exc:
-        if source not in _warned:
-            _warned.add(source)
-            warn(
-                f"aiocop: ignoring {printable(source)}: {exc}; going on with the defaults (set {ENV_VAR} to its "
-                "path to use it anyway)"
-            )
-        return ProjectConfig()
+        if origin:
+            raise ConfigError(f"{printable(source)}: refused: {exc}") from None
+        raise ConfigError(
+            f"{printable(source)} (found as the project's configuration): refused: {exc}; if it is not your "
+            "project's, give the project a pyproject.toml or .git of its own (the search stops there)"
+        ) from None
     except FileNotFoundError:
         raise ConfigError(f"{printable(origin or file)}: no such file: {file!r}") from None
     except OSError as exc:

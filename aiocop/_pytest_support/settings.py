@@ -319,14 +319,8 @@ def _html_path(config: pytest.Config) -> str | None:
 
 def _project(config: pytest.Config) -> ProjectConfig:
     # The file AIOCOP_CONFIG names, else the project's pyproject.toml, from the rootdir up.
-    def warn(message: str) -> None:
-        try:
-            config.issue_config_time_warning(pytest.PytestConfigWarning(message), stacklevel=2)
-        except pytest.PytestConfigWarning:  # filterwarnings = error: the user's choice, said as a usage error
-            raise pytest.UsageError(f"{message} [a warning, which the warning filters make an error]") from None
-
     try:
-        return read_config(None, start=config.rootpath, warn=warn)
+        return read_config(None, start=config.rootpath)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
 
