@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import json
 import queue
 import socket
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -502,10 +504,17 @@ asyncio.run(main())
 """
 
 
-def run_until_hung(arguments: list[str], cwd: Any, signum: int | None = None, status: int | None = None) -> str:
-    """`python -m aiocop run ...` until it prints a hang, then SIGTERM (or `signum`): what it wrote.
+def run_until_hung(
+    arguments: list[str],
+    cwd: Any,
+    signum: int | None = None,
+    status: int | None = None,
+    until: str = "HUNG",
+    after_s: float = 0.0,
+) -> str:
+    """`python -m aiocop run ...` until it prints a hang (`until`), then SIGTERM (or `signum`): what it wrote.
 
-    It must end with `status` (default: killed by the signal).
+    The signal is sent `after_s` after that line. It must end with `status` (default: killed by the signal).
     """
     import os
     import queue
@@ -540,10 +549,11 @@ def run_until_hung(arguments: list[str], cwd: Any, signum: int | None = None, st
     threading.Thread(target=read, daemon=True).start()
     seen: list[str] = []
     try:
-        while not any("HUNG" in text for text in seen):
+        while not any(until in text for text in seen):
             text = lines.get(timeout=WAIT_S)
             assert text is not None, "".join(seen)
             seen.append(text)
+        time.sleep(after_s)
         process.send_signal(signum)
         assert process.wait(WAIT_S) == (-signum if status is None else status), "".join(seen)
     finally:
@@ -576,6 +586,61 @@ def test_the_cli_prints_a_hang_as_it_happens_and_its_report_on_sigterm(tmp_path:
     assert report, output
     assert report.lstrip().startswith("aiocop: 1 loop(s) hung during the run, 1 still hung now:\n[STILL HUNG]")
     assert f"app.py:{line}:handler" in report
+
+
+def test_sigterm_while_hung_writes_every_file_asked_for(tmp_path: Any) -> None:
+    """Issue 38: a container stop (SIGTERM) printed the report and wrote none of the files asked for."""
+    script = tmp_path / "app.py"
+    script.write_text(HUNG_SCRIPT)
+    files = {
+        flag: tmp_path / name
+        for flag, name in [
+            ("--json", "j.json"),
+            ("--html", "r.html"),
+            ("--speedscope", "s.json"),
+            ("--folded", "f.txt"),
+        ]
+    }
+    options = [text for flag, path in files.items() for text in (flag, str(path))]
+    output = run_until_hung(["--threshold-ms", "100", "--hang-after-ms", "1000", *options, str(script)], tmp_path)
+    assert "aiocop: terminated by SIGTERM" in output
+    for flag, path in files.items():
+        assert path.is_file() and path.stat().st_size, (flag, output)
+    document = json.loads(files["--json"].read_text())
+    assert document["exit_status"] == 128 + 15
+    [hang] = document["hangs"]
+    assert hang["ongoing"] and not hang["ended"] and hang["call_site"].endswith("app.py:9:handler")
+    assert "app.py:9" in files["--folded"].read_text()
+    assert "hang" in files["--html"].read_text()
+
+
+def test_sigterm_during_a_stall_short_of_hang_after_reports_the_step_still_running(tmp_path: Any) -> None:
+    """Issue 38: a loop stuck below hang_after_ms, then SIGTERM, ended in "no blocking calls or stalls"."""
+    source = HUNG_SCRIPT.replace(
+        "    lock.acquire()  # HANGS",
+        "    print('about to hang', file=__import__('sys').stderr, flush=True)\n    lock.acquire()  # HANGS",
+    )
+    script = tmp_path / "app.py"
+    script.write_text(source)
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if "# HANGS" in text)
+    json_file = tmp_path / "j.json"
+    output = run_until_hung(
+        ["--threshold-ms", "100", "--hang-after-ms", "600000", "--json", str(json_file), str(script)],
+        tmp_path,
+        until="about to hang",
+        after_s=1.5,  # well past the 100 ms threshold, on a busy machine too
+    )
+    report = output.partition("aiocop: terminated by SIGTERM")[2]
+    assert "no blocking calls or stalls were seen" not in report, output
+    assert "1 loop(s) still held by one step at exit (for less than hang_after_ms):" in report, output
+    assert "[STILL HELD AT EXIT]" in report
+    headline = next(text for text in report.splitlines() if text.startswith("loop STILL HELD for "))
+    assert f"app.py:{line}:handler" in headline and "task 'handler'" in headline
+    held_s = float(headline.split()[4])
+    assert held_s >= 1.0, headline
+    assert "lock.acquire()  # HANGS" in report  # its stack, with the source
+    [hang] = json.loads(json_file.read_text())["hangs"]
+    assert hang["ongoing"] and hang["elapsed_ms"] >= 1000.0 and "hang_reports" not in hang
 
 
 def test_ctrl_c_while_hung_prints_the_report_hangs_first(tmp_path: Any) -> None:

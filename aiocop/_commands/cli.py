@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import aiocop
+from aiocop._commands import exits as _exits
 from aiocop._common.escape import printable
 from aiocop._common.inputs import open_for_writing
 from aiocop._configuration import baseline as _baseline
@@ -30,6 +31,7 @@ from aiocop._interception.frames import set_app_paths
 from aiocop._model import state as _state
 from aiocop._model.events import is_hang_report
 from aiocop._model.severity import level_rank
+from aiocop._reporting import hangs as _hangs
 from aiocop._reporting import report_files as _report_files
 from aiocop._reporting.report import Summary, describe, describe_hang
 
@@ -519,7 +521,24 @@ def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> 
         aiocop.add_allow_rule(rule)
     aiocop.register_slow_task_callback(_print_event if settings.verbose else _print_hang)
     pid = os.getpid()
-    restore = _report_on_sigterm(summary, settings.top)
+    writing = threading.Lock()  # the report written once at a time: the late write (exits.GRACE_S) and the end's
+
+    def on_exit(signum: int) -> None:  # from the signal handler: the process ends by the signal next
+        with contextlib.suppress(Exception):  # (stderr closed, or in use by the interrupted write)
+            print(f"\naiocop: terminated by {signal.Signals(signum).name}", file=sys.stderr, flush=True)
+        with writing:
+            _final_look(collector)
+            _conclude(program, settings, resolved, 128 + signum, summary, timeline, pictures)
+
+    def on_late(signum: int) -> None:  # the program handles the signal, and is still running GRACE_S later
+        with writing:
+            name = signal.Signals(signum).name
+            print(f"aiocop: still running {_exits.GRACE_S:g} s after {name}: the report so far", file=sys.stderr)
+            _final_look(collector)
+            _conclude(program, settings, resolved, 128 + signum, summary, timeline, pictures, late=True)
+
+    exits = _exits.ExitSignals(on_exit, on_late)
+    exits.install()
     try:
         status = yield program  # run by the caller: nothing of aiocop's on the stack meanwhile
         if os.getpid() != pid:
@@ -529,7 +548,9 @@ def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> 
         except KeyboardInterrupt:
             status = 130
     finally:
-        restore()
+        exits.restore()
+    writing.acquire()  # (a late write under way ends first; none starts after this)
+    _final_look(collector)  # a step still holding a loop (a daemon thread's) at the end
     aiocop.stop()  # delivers what is still pending
     aiocop.unregister_slow_task_callback(collector)
     aiocop.unregister_slow_task_callback(_print_event)
@@ -541,6 +562,14 @@ def _run(program: Program, settings: argparse.Namespace, resolved: Resolved) -> 
     return _conclude(program, settings, resolved, status, summary, timeline, pictures)
 
 
+def _final_look(collector: Callable[[SlowTaskEvent], None]) -> None:
+    # The steps still holding a loop, past the threshold but short of a hang
+    # report, never get an event of their own: without this the report would
+    # be an all-clear (issue 38).
+    for event in _hangs.ongoing():
+        collector(event)
+
+
 def _conclude(
     program: Program,
     settings: argparse.Namespace,
@@ -549,8 +578,13 @@ def _conclude(
     summary: Summary,
     timeline: Timeline | None,
     pictures: dict[str, str | None],
+    *,
+    late: bool = False,
 ) -> int:
-    """After the run: the report printed, the files asked for written, the exit status."""
+    """After the run: the report printed, the files asked for written, the exit status.
+
+    `late`: the report so far, while the program still runs (exits.GRACE_S): the files only, no baseline.
+    """
     print("\n" + summary.render(limit=settings.top), file=sys.stderr)
     # A run asked for a file it did not get has not succeeded, whatever the program did:
     # CI would pass without the report it archives.
@@ -562,6 +596,8 @@ def _conclude(
         loop = "uvloop (--uvloop)" if settings.uvloop else "the program's own (asyncio's default unless it names one)"
         facts = _timeline.Facts(settings.command, resolved.threshold_ms, loop, status)
         written = _report_files.write(timeline, facts, pictures) and written
+    if late:
+        return status
     if settings.write_baseline:
         try:
             _baseline.write(settings.write_baseline, summary.counts())
@@ -636,43 +672,6 @@ def _print_hang(event: SlowTaskEvent) -> None:
     # Hangs are printed as they happen, whatever --verbose says (from aiocop's own thread).
     if is_hang_report(event):
         print("aiocop: " + describe_hang(event), file=sys.stderr, flush=True)
-
-
-def _report_on_sigterm(summary: Summary, top: int | None) -> Callable[[], None]:
-    """On SIGTERM (an orchestrator ending a hung service), print the report, hung loops first, and die of it.
-
-    At once, from the handler, as the signal's default action would end
-    the process at once: the report shows the loops as they are hung at
-    that moment. Only where the program has not chosen what SIGTERM does
-    (its own handler or SIG_IGN stays), and only from the main thread.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return lambda: None
-    pid = os.getpid()
-
-    def handler(signum: int, frame: Any) -> None:
-        if os.getpid() == pid:  # not a forked child (a pool's worker ended by its pool): the report is ours
-            with contextlib.suppress(Exception):  # (stderr closed, or in use by the interrupted write)
-                print("\naiocop: terminated by SIGTERM\n" + summary.render(limit=top), file=sys.stderr, flush=True)
-        _die_by(signum)
-
-    signal.signal(signal.SIGTERM, handler)
-
-    def restore() -> None:
-        if signal.getsignal(signal.SIGTERM) is handler:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    return restore
-
-
-def _die_by(signum: int) -> NoReturn:
-    # Ended as the signal would have ended it: a parent sees "killed by SIGTERM".
-    sys.stderr.flush()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-    os._exit(128 + signum)  # (if the signal is blocked on this thread)
 
 
 def _execute(program: Program) -> int:

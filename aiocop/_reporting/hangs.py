@@ -373,6 +373,57 @@ def blocked_by_loop() -> dict[tuple[str, str], float]:
     return blocked
 
 
+def ongoing() -> list[SlowTaskEvent]:
+    """The steps still holding their loop now, past the stall threshold, as `reason="hang"` events (`ongoing`).
+
+    For the end of a run (a SIGTERM, the program's exit): a step stuck for
+    less than `hang_after_ms` has had no hang report, and its final event
+    never comes, so without this look the run would end in an all-clear.
+    Built here, on the caller's thread, with the loop thread's stack as it
+    is now; `hang_reports` says how many hang reports the step had (0: none).
+    """
+    now = perf_counter()
+    frames = sys._current_frames()
+    found: list[SlowTaskEvent] = []
+    for watch in list(_loops.watches.values()):
+        step = watch.step
+        innermost = frames.get(watch.thread_id)
+        if step is None or not step.stalled or step.merged or innermost is None:
+            continue
+        if not _still_running(innermost, step.root):
+            continue  # it ended since the watchdog's last look: its own event reports it
+        try:
+            task = step.task if step.task is not None else _attribution.StalledTask.of(watch.loop, step.root)
+            group = _group_of(watch, step)
+            blocker, blocker_trace = _blocker(innermost)
+            hang = Hang(
+                watch,
+                task,
+                _stack(innermost, step.root),
+                not step.cpu_bound(),
+                now - step.start(),
+                step.hangs,
+                group.provided if group is not None else None,
+                group is not None,
+                blocker,
+                blocker_trace,
+                _wrapped_call(innermost),
+            )
+            found.append(build_event(hang))
+        except Exception:  # a look at another thread's live frames: never let it break the end of a run
+            logger.exception("aiocop: could not describe a step still running at exit (ignored)")
+    return found
+
+
+def _still_running(innermost: FrameType, root: FrameType) -> bool:
+    f: FrameType | None = innermost
+    while f is not None:
+        if f is root:
+            return True
+        f = f.f_back
+    return False
+
+
 def _after_fork_in_child() -> None:
     global reporter
     reporter = _Reporter()  # the parent's reports are the parent's

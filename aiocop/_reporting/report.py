@@ -241,6 +241,14 @@ def context_text(context: dict[str, Any]) -> str:
 def hang_headline(event: SlowTaskEvent) -> str:
     """One line for a hang report: the loop, how long, where, and what it is doing."""
     where = f"task {_p(repr(event.task_name))}" if event.task_name else "a callback"
+    if event.ongoing and not event.hang_reports:
+        # Seen at the end of a run (`_hangs.ongoing`), before hang_after_ms:
+        # not a hang yet, but the step that holds the loop as the run ends.
+        return (
+            f"loop STILL HELD for {event.elapsed_ms / 1000.0:.1f} s at exit (a stall not over, not yet "
+            f"hang_after_ms) in {where} on thread {_p(repr(event.thread_name))}: "
+            f"{_p(event.culprit or 'no stack')} at {_p(call_site(event))}"
+        )
     again = f", report {event.hang_reports}" if event.hang_reports > 1 else ""
     return (
         f"loop HUNG for {event.elapsed_ms / 1000.0:.1f} s (still running{again}) in {where} on thread "
@@ -421,9 +429,19 @@ class Summary:
         if not hangs:
             return ""
         still = sum(1 for _, ended in hangs if ended is None)
-        out = [f"aiocop: {len(hangs)} loop(s) hung during the run, {still} still hung now:"]
+        held = sum(1 for report, ended in hangs if ended is None and not report.hang_reports)
+        parts = (
+            [f"{len(hangs) - held} loop(s) hung during the run, {still - held} still hung now"]
+            if held < len(hangs)
+            else []
+        )
+        if held:
+            parts.append(f"{held} loop(s) still held by one step at exit (for less than hang_after_ms)")
+        out = ["aiocop: " + "; ".join(parts) + ":"]
         for report, ended in hangs:
             state = "STILL HUNG" if ended is None else f"ended, after {ended.hung_ms / 1000.0:.1f} s"
+            if ended is None and not report.hang_reports:
+                state = "STILL HELD AT EXIT"  # (`_hangs.ongoing`: below hang_after_ms)
             out.append(f"[{state}] latest report:")
             out.append(describe_hang(report))
         return "\n".join(out)
