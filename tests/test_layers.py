@@ -92,6 +92,7 @@ LAYERS: list[dict[str, list[str]]] = [
     {
         "aiocop._commands": [
             "aiocop._commands.cli",
+            "aiocop._commands.exits",
             "aiocop._commands.attach",
             "aiocop._commands.attach_agent",
             "aiocop._commands.attach_files",
