@@ -18,7 +18,11 @@ runs a loop, in any thread: `asyncio.run()`, a `TestClient`'s portal;
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
+import math
+import os
 import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,6 +32,7 @@ import pytest
 import aiocop
 from aiocop._pytest_support import portal as _portal
 from aiocop._pytest_support import settings as _pytest_settings
+from aiocop._pytest_support import timeouts as _timeouts
 
 if TYPE_CHECKING:
     from collections.abc import Generator
@@ -74,6 +79,14 @@ class _Session:
         self.timeline: Timeline | None = None  # with --aiocop-html: the session's steps
         self.html_written: str | None = None
         self.unchecked_trio = 0  # test bodies anyio ran on trio, which aiocop does not watch yet
+        # Beside pytest-timeout (`_pytest_support.timeouts`): the terminal's
+        # stderr, kept for the tests it ends with os._exit; whether a timed
+        # test's hang threshold is in force; whether the watchdog runs for
+        # those hangs only (no --aiocop-threshold-ms); the pair's note, once.
+        self.terminal: int | None = None
+        self.timing = False
+        self.hangs_only = False
+        self.pair_note: str | None = None
 
     def start(self) -> None:
         from aiocop._interception.frames import set_app_paths
@@ -94,6 +107,42 @@ class _Session:
         for rule in settings.allow:
             aiocop.add_allow_rule(rule)
         set_app_paths(settings.app_paths, settings.library_paths)
+        if settings.timeout_plugin:
+            self.terminal = _timeouts.terminal_fd()
+
+    def timed(self, nodeid: str, timeout_s: float, method: object) -> None:
+        """A test pytest-timeout ends after `timeout_s`: its hang is reported before that."""
+        settings = self.settings
+        hang = _timeouts.hang_after_ms(timeout_s, settings.hang_after_ms, settings.hang_after_explicit)
+        exits = _timeouts.ends_by_exit(method)
+        out = None if self.terminal is None or not exits else functools.partial(_timeouts.write, self.terminal)
+        note = _timeouts.pair_note(timeout_s, hang, settings.threshold_ms, nodeid)
+        if note is not None and self.pair_note is None:
+            self.pair_note = note
+            if out is not None:  # the summary may never come
+                out(note)
+        if hang is not None:
+            self.timing = True
+            if settings.threshold_ms is not None:
+                aiocop.detect_slow_tasks(threshold_ms=settings.threshold_ms, hang_after_ms=hang)
+            else:  # the watchdog runs for the hang alone: it times nothing shorter
+                self.hangs_only = True
+                aiocop.detect_slow_tasks(threshold_ms=hang, hang_after_ms=hang)
+        self.recorder.hang_out = out
+
+    def untimed(self) -> None:
+        """The timed test is over (its timer cancelled): the session's own settings again."""
+        self.recorder.hang_out = None
+        if not self.timing:
+            return
+        self.timing = False
+        settings = self.settings
+        if settings.threshold_ms is not None:
+            aiocop.detect_slow_tasks(threshold_ms=settings.threshold_ms, hang_after_ms=settings.hang_after_ms)
+        else:  # left running (stopping it would lose the loops it tracks), timing nothing
+            from aiocop._configuration.config import MAX_THRESHOLD_MS
+
+            aiocop.detect_slow_tasks(threshold_ms=MAX_THRESHOLD_MS, hang_after_ms=None)
 
     def stop(self) -> None:
         from aiocop._interception.frames import set_app_paths
@@ -107,6 +156,11 @@ class _Session:
             aiocop.remove_allow_rule(rule)
         set_app_paths((), ())
         aiocop.stop()
+        self.recorder.hang_out = None
+        if self.terminal is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.terminal)
+            self.terminal = None
 
     def write_html(self, command: str) -> bool:
         from aiocop._reporting import report_files as _report_files
@@ -200,6 +254,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     session = config.stash.get(_SESSION, None)
+    if session is not None and session.pair_note is not None:
+        terminalreporter.write_line(session.pair_note)
     if session is not None and session.baseline_written is not None:
         terminalreporter.write_line(session.baseline_written)
     if session is not None and session.html_written is not None:
@@ -211,6 +267,28 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             f"{'were' if count != 1 else 'was'} not checked: aiocop watches asyncio's event loops, not trio's "
             "yet, so a blocking call in them passes unseen (their runs on asyncio are checked)"
         )
+
+
+# pytest-timeout's own hooks (optional: without it they are never called),
+# given the test's settings as it resolved them from --timeout, the ini key,
+# PYTEST_TIMEOUT or the test's marker, just before it starts the timer.
+@pytest.hookimpl(optionalhook=True, wrapper=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> Generator[None, object, object]:
+    session = item.config.stash.get(_SESSION, None)
+    timeout = getattr(settings, "timeout", None)
+    if session is not None and isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0:
+        session.timed(item.nodeid, float(timeout), getattr(settings, "method", None))
+    return (yield)
+
+
+@pytest.hookimpl(optionalhook=True, wrapper=True)
+def pytest_timeout_cancel_timer(item: pytest.Item) -> Generator[None, object, object]:
+    try:
+        return (yield)
+    finally:  # once the timer can no longer fire
+        session = item.config.stash.get(_SESSION, None)
+        if session is not None:
+            session.untimed()
 
 
 @pytest.hookimpl(trylast=True)

@@ -715,3 +715,35 @@ def test_the_pytest_plugin_writes_the_hang_into_the_output_of_a_test_pytest_time
     assert "loop HUNG for" in output, output
     assert "test_stuck.py:9:handler" in output, output
     assert "LOCK.acquire()  # HANGS" in output, output
+
+
+@pytest.mark.timeout(150)  # its pytest run is given 120 s; the test's own timeout sits above it
+def test_under_pytest_timeouts_thread_method_the_hang_is_on_the_terminal_before_the_timeout(
+    pytester: pytest.Pytester,
+) -> None:
+    # Default settings (no stall threshold): the plugin reports the hang after
+    # half the 8 s timeout, 4 s before pytest-timeout ends the process with
+    # os._exit. The test captures its own output (capfd), which pytest-timeout
+    # never shows: the report goes straight to the terminal.
+    from tests.pytester_args import QUIET
+
+    pytester.makepyfile(
+        test_stuck="""
+        import asyncio, threading
+
+        async def handler():
+            lock = threading.Lock()
+            lock.acquire()
+            lock.acquire()  # HANGS
+
+        def test_stuck(capfd):
+            asyncio.run(handler())
+        """
+    )
+    result = pytester.runpytest_subprocess(*QUIET, "--aiocop", "--timeout=8", "--timeout-method=thread", timeout=120)
+    output = result.stdout.str() + result.stderr.str()
+    assert "hangs under pytest-timeout: reported after half a test's timeout, at most 5000 ms" in output, output
+    assert "Timeout" in output, output
+    assert "aiocop: loop HUNG for 4.0 s (still running)" in result.stderr.str(), output
+    assert "test_stuck.py:6:handler" in output, output
+    assert "lock.acquire()  # HANGS" in output, output

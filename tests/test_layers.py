@@ -103,6 +103,7 @@ LAYERS: list[dict[str, list[str]]] = [
             "aiocop._pytest_support.events",
             "aiocop._pytest_support.settings",
             "aiocop._pytest_support.portal",
+            "aiocop._pytest_support.timeouts",
         ],
     },
 ]

@@ -521,8 +521,12 @@ def test_fail_on_level_and_trace_depth(pytester: pytest.Pytester) -> None:
     # One frame kept: the call's own, not outer() or the test.
     assert f"    trace: test_fail_on.py:{line_of(FAIL_ON, 'time.sleep(')}:inner" in sleep.splitlines()
     assert "(impact medium, severity medium" in section(result, "test_many_stats_in_one_step")
+    # (pytest-timeout is loaded here: the header says what the plugin does for the tests it times.)
     result.stdout.fnmatch_lines(
-        ["aiocop: fail_on=medium, threshold_ms=off, trace_depth=1, check_fixtures=false, check_sync=true, allow=none"]
+        [
+            "aiocop: fail_on=medium, threshold_ms=off, hangs under pytest-timeout: reported after half a test's "
+            "timeout, at most 5000 ms, trace_depth=1, check_fixtures=false, check_sync=true, allow=none"
+        ]
     )
 
 

@@ -15,7 +15,7 @@ import contextlib
 import sys
 import threading
 from _thread import allocate_lock
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, cast, overload
 
 from aiocop._common import forksafe as _forksafe
@@ -45,6 +45,9 @@ class Recorder:
     def __init__(self) -> None:
         self._lock = _forksafe.lock()
         self._open: list[SlowTaskEvent] | None = None
+        # Where hang reports go instead of the test's stderr: the terminal,
+        # while a test runs that pytest-timeout ends with os._exit.
+        self.hang_out: Callable[[str], None] | None = None
 
     def __call__(self, event: SlowTaskEvent) -> None:
         if is_hang_report(event):
@@ -52,8 +55,13 @@ class Recorder:
             # now (captured, it is shown with the failure, and pytest-timeout
             # shows it when it kills the test). Its step's final event, if it
             # ends, is what can fail the test.
+            text = f"aiocop: {describe_hang(event)}"
+            out = self.hang_out
+            if out is not None:
+                out(text)
+                return
             with contextlib.suppress(Exception):  # stderr closed or replaced by something odd
-                sys.stderr.write(f"aiocop: {describe_hang(event)}\n")
+                sys.stderr.write(text + "\n")
                 sys.stderr.flush()
             return
         with self._lock:

@@ -26,6 +26,7 @@ from aiocop._configuration.config import (
     parse_allow_line,
     read_config,
 )
+from aiocop._pytest_support import timeouts as _timeouts
 
 if TYPE_CHECKING:
     from aiocop._interception.allow import AllowRule
@@ -85,11 +86,15 @@ class Settings:
     html: str | None = None  # write the session's HTML report here
     config_source: str | None = None  # the pyproject.toml whose [tool.aiocop] was read
     hang_after_ms: float | None = 5000.0  # with the watchdog (threshold_ms): hangs reported as they hang; None: off
+    hang_after_explicit: bool = False  # the user set hang_after_ms (flag, ini key or [tool.aiocop]): never lowered
+    timeout_plugin: bool = False  # pytest-timeout is loaded: the hangs of the tests it times are reported before it
 
     def header(self) -> str:
         threshold = "off" if self.threshold_ms is None else f"{self.threshold_ms:g}"
         if self.threshold_ms is not None:  # hangs are the watchdog's: said only where it runs
             threshold += f", hang_after_ms={'off' if self.hang_after_ms is None else f'{self.hang_after_ms:g}'}"
+        if self.timeout_plugin:
+            threshold += f", {_timeouts.header(self.hang_after_ms, self.hang_after_explicit)}"
         allow = "; ".join(self.allow_lines) if self.allow_lines else "none"
         line = (
             f"aiocop: fail_on={self.fail_on}, threshold_ms={threshold}, trace_depth={self.trace_depth}, "
@@ -140,7 +145,8 @@ def add_options(parser: pytest.Parser) -> None:
         dest="aiocop_hang_after_ms",
         metavar="MS",
         help="with --aiocop-threshold-ms: a test's loop still stuck in one step this long is reported into the "
-        "test's output while it hangs (default 5000; 0: off; ini: aiocop_hang_after_ms)",
+        "test's output while it hangs (default 5000; 0: off; ini: aiocop_hang_after_ms); for a test "
+        "pytest-timeout times, unless set: half its timeout if less",
     )
     group.addoption(
         "--aiocop-trace-depth",
@@ -292,6 +298,8 @@ def read(config: pytest.Config) -> Settings:
         fail_on=fail_on,
         threshold_ms=float(threshold) or None,
         hang_after_ms=float(hang_after) or None,
+        hang_after_explicit=project.hang_after_ms is not None or _given(config, "aiocop_hang_after_ms"),
+        timeout_plugin=config.pluginmanager.hasplugin("timeout"),
         trace_depth=int(depth),
         check_fixtures=bool(_pick(config, "aiocop_check_fixtures", "aiocop_check_fixtures")),
         check_sync=bool(_pick(config, "aiocop_check_sync", "aiocop_check_sync")),
@@ -357,6 +365,11 @@ def _pick(config: pytest.Config, dest: str, ini: str, default: Any = None) -> An
         raise pytest.UsageError(f"{ini} (ini): {exc}") from None
     # Unset: None (older pytest versions give an empty value instead).
     return default if value is None or value in ([], "") else value
+
+
+def _given(config: pytest.Config, dest: str) -> bool:
+    """Whether the flag or the ini key `dest` was set (not left to [tool.aiocop] or the default)."""
+    return _pick(config, dest, dest) is not None
 
 
 def _source(config: pytest.Config, dest: str, flag: str) -> str:
