@@ -261,7 +261,7 @@ def _pytest_section() -> list[str]:
 # Which integrations read each key (the API through aiocop.configure()).
 _READ_BY = {
     "threshold_ms": "API, CLI, pytest",
-    "hang_after_ms": "API (with `threshold_ms`), CLI `run`, pytest (with a threshold)",
+    "hang_after_ms": "API (with `threshold_ms`), CLI `run`, pytest (with a threshold, or under pytest-timeout)",
     "trace_depth": "API, CLI, pytest",
     "fail_on": "CLI, pytest",
     "app_paths": "API, CLI, pytest",
