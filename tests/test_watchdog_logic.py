@@ -914,3 +914,178 @@ def test_probe_tick_too_young_is_no_step(rec: Recorded, monkeypatch: pytest.Monk
     looks.at(100.020, 1.020, inner)
     s = looks.step
     assert s.began == 100.000 and s.start() == 100.000 and s.cpu_prev == 1.000
+
+
+# --- a step whose C call held the GIL (issue 37) -------------------------------------------------
+#
+# The watchdog's thread needs the GIL to look. A C call that never releases it
+# (json.dumps, a backtracking regex, sum(range(...))) keeps the watchdog out
+# until it returns; the eval loop then hands the GIL over at the call's return,
+# and the look sees the step at the calling line, for the first time, late.
+# Scripted: the look was due at `due` (the watchdog's sleep's planned end) and
+# came at `now`; the loop thread's CPU clock moved by `ran` since its last
+# look, the process's by `proc` (the loop's and everyone else's).
+
+
+def late_look(looks: Looks, due: float, now: float, cpu: float, proc: float, frame: FrameType) -> bool:
+    looks.dog._due = due
+    looks.dog._proc_ran = proc
+    try:
+        return looks.at(now, cpu, frame)
+    finally:
+        looks.dog._due = 0.0  # (the next looks on time)
+        looks.dog._proc_ran = None
+
+
+def test_held_from_decision(rec: Recorded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`timing.held_from`: late by 3 switch intervals, the loop's thread ran (a tenth of a CPU or more), nobody else.
+
+    Its start: where its CPU clock puts it at full speed, or the moment the
+    watchdog asked for the GIL if that is earlier (the thread got less than a
+    CPU), never before the loop's last look.
+    """
+    monkeypatch.setattr(sys, "getswitchinterval", lambda: 0.005)
+    held = _timing.held_from
+    # Quiet machine: 299.5 ms of CPU in a look 296 ms late: began at 100.0005.
+    assert held(100.004, 100.300, 100.000, 1.000, 1.2995, 0.001) == near(100.0005)
+    # Loaded machine (a fifth of a CPU): no later than the watchdog asked.
+    assert held(100.004, 100.300, 100.000, 1.000, 1.060, 0.001) == near(100.004)
+    # Never before the loop's last look.
+    assert held(100.004, 100.300, 100.010, 1.000, 1.2995, 0.001) == near(100.010)
+    # Late by less than 3 switch intervals (15 ms): a GIL handed over as usual.
+    assert held(100.004, 100.0189, 100.000, 1.000, 1.0189, 0.0) == 0.0
+    assert held(100.004, 100.0191, 100.000, 1.000, 1.0191, 0.0) == near(100.000)
+    # Nobody ran: a paused process, a machine that starved every thread.
+    assert held(100.004, 100.300, 100.000, 1.000, 1.029, 0.0) == 0.0
+    # Another thread ran too (a quarter of what the loop's did, plus 2 ms, at most): the GIL was shared.
+    assert held(100.004, 100.300, 100.000, 1.000, 1.200, 0.0521) == 0.0
+    assert held(100.004, 100.300, 100.000, 1.000, 1.200, 0.0519) == near(100.004)
+    # A clock not read: nothing is known.
+    assert held(100.004, 100.300, 100.000, None, 1.200, 0.0) == 0.0
+    assert held(100.004, 100.300, 100.000, 1.000, 1.200, None) == 0.0
+
+
+def test_gil_held_step_seen_once_is_a_stall_of_its_whole_length(rec: Recorded, frames: Frames) -> None:
+    """asyncio: idle at 100.000; the look due at 100.004 comes at 100.300, the loop's thread having used
+    299.5 ms of CPU and nobody else any: one stall from 100.0005 to the middle of the next gap, at the line
+    the look saw. Before issue 37 this step, seen once with no CPU rate, was no stall at all."""
+    looks = Looks()
+    a = frames.steps[0]
+    assert not looks.at(100.000, 1.000, frames.idle)
+    assert late_look(looks, 100.004, 100.300, 1.2995, 0.3005, a)
+    s = looks.step
+    assert s.held == near(100.0005) and s.stalled
+    assert isinstance(s.task, StalledTask) and s.samples == {((a.f_code, a.f_lasti),): 1}  # the calling line
+    assert not looks.at(100.302, 1.2996, frames.idle)
+    [stall] = rec.stalls
+    assert (stall.start, stall.end) == (near(100.0005), near(100.301))
+    assert not stall.waiting and stall.samples == [(((a.f_code, a.f_lasti),), 1)]
+    assert not rec.hangs
+
+
+def test_gil_held_step_on_a_c_loop_needs_no_heartbeat(rec: Recorded) -> None:
+    """uvloop, rloop: a step first seen at a late look is proven stuck by the hold itself (no heartbeat
+    could have run meanwhile): one stall, timed as on asyncio."""
+    base, inner = c_loop_frames()
+    loop = StubLoop(running=True)
+    looks = Looks(watch_of(loop, base))
+    looks.at(100.000, 1.000, base)
+    assert late_look(looks, 100.015, 100.300, 1.2995, 0.3005, inner)
+    assert looks.step.stalled and len(loop.calls) == 1  # (a heartbeat for the looks that follow)
+    looks.at(100.304, 1.2997, base)
+    [stall] = rec.stalls
+    assert (stall.start, stall.end) == (near(100.0005), near(100.302))
+
+
+def test_gil_held_step_on_a_loaded_machine_starts_when_the_watchdog_asked(rec: Recorded, frames: Frames) -> None:
+    """The loop's thread got a fifth of a CPU: its clock alone would time 60 ms of a 296 ms hold. The hold
+    began no later than the watchdog asked for the GIL (the tripwire woke it at 100.001, before its sleep's
+    end): the stall runs from there."""
+    looks = Looks()
+    a = frames.steps[0]
+    looks.at(100.000, 1.000, frames.idle)
+    looks.watch.tripped = 100.001
+    late_look(looks, 100.100, 100.300, 1.060, 0.061, a)
+    looks.at(100.302, 1.0601, frames.idle)
+    [stall] = rec.stalls
+    assert (stall.start, stall.end) == (near(100.001), near(100.301))
+
+
+@pytest.mark.parametrize(
+    ("ran", "proc"),
+    [(0.002, 0.002), (0.150, 0.300)],
+    ids=["nobody-ran", "another-thread-shared-the-gil"],
+)
+def test_late_look_without_a_hold_is_no_stall(rec: Recorded, frames: Frames, ran: float, proc: float) -> None:
+    """A paused process (SIGSTOP), a machine that starved every thread, or a loop sharing the GIL with
+    another Python thread: the late look proves nothing; the step, seen once, is no stall."""
+    looks = Looks()
+    a = frames.steps[0]
+    looks.at(100.000, 1.000, frames.idle)
+    late_look(looks, 100.004, 100.300, 1.000 + ran, proc, a)
+    assert not looks.step.held and not looks.step.stalled
+    looks.at(100.302, 1.000 + ran, frames.idle)
+    assert not rec.stalls
+
+
+def test_hold_before_the_step_ran_is_not_the_steps(
+    rec: Recorded, frames: Frames, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look sees a step's outermost frame at its entry: the GIL was held before the step ran (a C
+    function the loop itself called, on a loop written in C), not by the step: no stall of its."""
+    monkeypatch.setattr(_stacks, "entering", lambda frame: True)
+    looks = Looks()
+    a = frames.steps[0]
+    looks.at(100.000, 1.000, frames.idle)
+    late_look(looks, 100.004, 100.300, 1.2995, 0.3005, a)
+    assert not looks.step.held and not looks.step.stalled
+    looks.at(100.302, 1.2996, frames.idle)
+    assert not rec.stalls
+
+
+def test_entering_reads_the_frames_instruction(rec: Recorded) -> None:
+    """A frame at a call (the GIL handed over as a C call returns) is not entering; one suspended at a yield is."""
+
+    def caller() -> FrameType:
+        return callee()
+
+    def callee() -> FrameType:
+        return sys._getframe(1)
+
+    assert not _stacks.entering(caller())
+
+    def gen() -> Iterator[int]:
+        yield 1
+
+    g = gen()
+    next(g)
+    assert g.gi_frame is not None and _stacks.entering(g.gi_frame)
+
+
+def test_gil_held_hang_is_one_stall_not_half_a_hang(rec: Recorded, frames: Frames) -> None:
+    """A C call of 2 s (hang_after 1 s), looked at once midway (the GIL dropped by a callback it ran) and
+    once as it returned, both looks late: no hang report (the hold had ended, or was waited on, at each),
+    one stall of the whole 2 s. Before issue 37: a hang report 1 s late, and a stall of the second half."""
+    looks = Looks()
+    a = frames.steps[0]
+    looks.at(100.000, 1.000, frames.idle)
+    late_look(looks, 100.004, 101.000, 1.9995, 1.0005, a)
+    late_look(looks, 101.004, 102.000, 2.9995, 1.0005, a)
+    assert not rec.hangs and looks.step.stalled
+    looks.at(102.002, 2.9996, frames.idle)
+    [stall] = rec.stalls
+    assert (stall.start, stall.end) == (near(100.0005), near(102.0001))  # (its end from the CPU clock)
+    assert stall.hang_reports == 0
+
+
+def test_gil_held_step_that_runs_on_hangs_after_hang_after_more(rec: Recorded, frames: Frames) -> None:
+    """After the hold, the step runs on (waiting): a hang is reported once it has run hang_after past the
+    look that waited for the hold, not at that look."""
+    looks = Looks()
+    a = frames.steps[0]
+    looks.at(100.000, 1.000, frames.idle)
+    late_look(looks, 100.004, 101.500, 2.4995, 1.5005, a)
+    for k in range(1, 9):
+        looks.at(101.500 + k * 0.125, 2.4996, a)
+    assert [age for _, age, _ in rec.hangs] == [near(1.0)]  # (ages from the first sighting, 101.5)
+    assert rec.hangs[0][2] == near(2.4995)  # it had run that long, from 100.0005

@@ -60,6 +60,7 @@ def _real(name: str) -> Callable[..., Any]:
 perf_counter: Callable[[], float] = _real("perf_counter")
 monotonic: Callable[[], float] = _real("monotonic")
 thread_time: Callable[[], float] = _real("thread_time")
+process_time: Callable[[], float] = _real("process_time")
 time: Callable[[], float] = _real("time")
 """The time of day (seconds since the epoch), for timestamps."""
 

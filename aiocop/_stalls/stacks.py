@@ -12,6 +12,7 @@ May import: aiocop._interception, aiocop._model, aiocop._stalls.settings, aiocop
 
 from __future__ import annotations
 
+import dis
 from typing import TYPE_CHECKING
 
 from aiocop._interception import frames as _frames
@@ -113,6 +114,25 @@ _OWN_STEP_MODULES = frozenset(
         "aiocop._stalls.discovery",  # its probe registering a loop
         "aiocop._stalls.tripwire",
     }
+)
+
+
+def entering(frame: FrameType) -> bool:
+    """Whether `frame` stands at its entry or where it resumes (a `RESUME`; before 3.11, its start or a yield).
+
+    There the eval loop checks for a waiting thread before the frame has run
+    anything: the GIL held until then was held before the frame ran (by the
+    loop, on one written in C), not by a call of the frame's.
+    """
+    lasti = frame.f_lasti
+    if lasti < 0:
+        return True
+    code = frame.f_code.co_code
+    return lasti < len(code) and code[lasti] in _ENTRY_OPS
+
+
+_ENTRY_OPS = frozenset(
+    dis.opmap[name] for name in ("RESUME", "YIELD_VALUE", "YIELD_FROM", "GEN_START") if name in dis.opmap
 )
 
 

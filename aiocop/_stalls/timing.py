@@ -13,6 +13,7 @@ of aiocop._stalls.
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from operator import itemgetter
 from typing import TYPE_CHECKING
@@ -42,6 +43,7 @@ class Step:
         "ended",
         "hang_next",
         "hangs",
+        "held",
         "hung_s",
         "ident",
         "merged",
@@ -90,6 +92,9 @@ class Step:
         # probe's tick notes both); 0: estimated from the looks.
         self.began = 0.0
         self.ended = 0.0
+        # When it began holding the GIL in the C call that the look that first
+        # saw it waited on (`held_from`); 0: no such look.
+        self.held = 0.0
 
     def cpu_rate(self) -> float:
         """The share of a CPU the loop thread got while this step ran (0 when waiting).
@@ -108,6 +113,8 @@ class Step:
         """Best estimate of when the step began."""
         if self.began:
             return self.began
+        if self.held:
+            return self.held
         rate = self.cpu_rate()
         if rate >= CPU_BOUND_RATE and self.cpu_first is not None and self.cpu_prev is not None:
             # CPU used since the last poll that did not see the step, at the
@@ -128,7 +135,9 @@ class Step:
         shows it was already working before that poll. Deciding that a step is
         a stall rests on this; the midpoint guess of `start()` only times it.
         """
-        if self.began or ((self.cpu_bound() or self.woke) and self.cpu_first is not None and self.cpu_prev is not None):
+        if self.began or self.held:
+            return self.start()
+        if (self.cpu_bound() or self.woke) and self.cpu_first is not None and self.cpu_prev is not None:
             return self.start()
         return self.t_first
 
@@ -143,6 +152,50 @@ class Step:
         return (self.t_last + now) / 2.0
 
 
+# A look at least this many GIL switch intervals later than the watchdog asked
+# for the GIL, while one loop thread ran and no other thread did, was kept out
+# by that thread holding the GIL in one C call (`held_from`).
+HELD_LATE_SWITCHES = 3
+# ... if that thread's CPU clock advanced by at least this share of the delay,
+# the share of a CPU that tells a working step from a waiting one (below it:
+# a paused process, or a machine that starved every thread alike; a loaded
+# machine gave a thread holding the GIL 18 to 35 % of a CPU) ...
+HELD_SHARE = CPU_BOUND_RATE
+# ... and the rest of the process used no more than this share of what it did,
+# plus HELD_SLACK_S (the watchdog's own look and its waits for the GIL). More:
+# another thread ran Python code meanwhile, sharing the GIL with the loop's,
+# and either may have kept the watchdog out.
+HELD_OTHERS = 0.25
+HELD_SLACK_S = 0.002
+
+
+def held_from(
+    asked: float, now: float, seen: float, cpu_seen: float | None, cpu: float | None, others: float | None
+) -> float:
+    """When the loop's thread began holding the GIL in one C call that ended just before the look at `now` (0: none).
+
+    The watchdog asked for the GIL at `asked` (its sleep's planned end, or
+    the tripwire's wake-up) and got it at `now`. While Python code runs, the
+    eval loop hands the GIL over within a switch interval of being asked
+    (every call's return, loop's jump and function's entry checks), so a look
+    this late while the loop's thread ran (its CPU clock, at `cpu_seen` at the
+    loop's last look at `seen`, is at `cpu`) and nothing else of the process
+    did (`others`: the process's CPU since the last look, less the loop
+    thread's) was kept out by one C call of that thread's, which has just
+    returned to the frame the look sees. It began as the thread's CPU clock
+    says (on a quiet machine), and no later than the watchdog asked, when
+    the thread got less than a whole CPU; never before the loop's last look
+    (nor, the caller sees to it, before the loop woke for the step).
+    """
+    late = now - asked
+    if cpu is None or cpu_seen is None or others is None or late < HELD_LATE_SWITCHES * sys.getswitchinterval():
+        return 0.0
+    ran = cpu - cpu_seen
+    if ran < HELD_SHARE * late or others > HELD_OTHERS * ran + HELD_SLACK_S:
+        return 0.0
+    return max(min(now - ran, asked), seen)
+
+
 def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
     samples = sorted(step.samples.items(), key=itemgetter(1), reverse=True)  # most common first
     top_waiting = bool(samples) and step.waiting.get(samples[0][0], 0) * 2 >= samples[0][1]
@@ -151,7 +204,7 @@ def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
         start,
         end,
         samples,
-        not step.cpu_bound(),
+        not (step.cpu_bound() or step.held),  # (a hold ran on a CPU, though seen once)
         step.root,
         top_waiting,
         step.task,

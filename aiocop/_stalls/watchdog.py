@@ -40,7 +40,7 @@ from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 from aiocop._common import forksafe as _forksafe
-from aiocop._common.clock import perf_counter, thread_time
+from aiocop._common.clock import perf_counter, process_time, thread_time
 from aiocop._interception import hook as _hook
 from aiocop._interception import loops as _loops
 from aiocop._model import state as _state
@@ -121,6 +121,13 @@ class Watchdog:
         self._arming_since = 0.0  # when this quiet spell's arming began (see _next_interval)
         self._tick_due = 0.0  # when a probe's tick seen under way would be a step (_tick_seen; 0: none)
         self._ticks_only = False  # the last look's steps were all probe ticks that had not stalled (see poll)
+        # A GIL held by one C call of a loop's thread keeps this thread out
+        # until the call returns (_timing.held_from): when the look under way
+        # was due (the end of the sleep before it; 0: not known), and the
+        # process's CPU clock at the last look and what it moved by since.
+        self._due = 0.0
+        self._proc_cpu: float | None = None
+        self._proc_ran: float | None = None
 
     @property
     def running(self) -> bool:
@@ -298,6 +305,7 @@ class Watchdog:
             if self._tick_due:
                 interval = min(interval, max(self._tick_due - perf_counter(), 0.0) + _TICK_LATE_S)
                 self._tick_due = 0.0
+            self._due = perf_counter() + interval
             _acquire(self._waker, True, interval)
         # stop() right after a loop's last step: finish that step, whose stall
         # stop() then delivers (drain), rather than leave it in the queue.
@@ -408,6 +416,7 @@ class Watchdog:
         watches = _loops.watches
         now = perf_counter()
         if now - self._last_scan < _DISCOVERY_S and _timing.all_quiet(watches) and self._finder.quiet(watches):
+            self._proc_cpu, self._proc_ran = process_time(), None  # (what a late look measures from)
             return False, False
         frames = sys._current_frames()
         # The time and each loop thread's CPU clock, read with the snapshot:
@@ -433,6 +442,9 @@ class Watchdog:
         guarded = [_tripwire.guards(watch) for watch in watches.values()]
         probes = [watch.probe_cpu for watch in watches.values()]
         clocks = [watch.cpu_time() for watch in watches.values()]
+        proc = process_time()
+        self._proc_ran = proc - self._proc_cpu if self._proc_cpu is not None else None
+        self._proc_cpu = proc
         own_only = [
             watch.own or watch.probe_cpu != seen or (was_guarded and watch.armed and _within_slack(watch, cpu, seen))
             for watch, seen, was_guarded, cpu in zip(watches.values(), probes, guarded, clocks, strict=True)
@@ -501,6 +513,7 @@ class Watchdog:
         # other, so a skew between them would show up as speed).
         found = _stacks.step_of(frame, watch, now)
         step: Step | None = watch.step
+        held = self._held(watch, found, now, cpu) if found is not None and self._due else 0.0
         if found is None:
             if watch.own:
                 self._tick_seen(watch)
@@ -518,6 +531,8 @@ class Watchdog:
             step.cpu_last = cpu
         else:
             step = self._new_step(watch, step, came_back, ident, root, now, cpu)
+            if held:
+                step.held = max(held, step.t_prev)
         age = now - step.known_since()
         proven = True
         if ident is root:
@@ -527,7 +542,7 @@ class Watchdog:
             # still unanswered proves the loop has not iterated since.
             if not watch.beat_posted:
                 _send_heartbeat(watch, now)
-            proven = bool(watch.beat_posted) or watch.loop is None
+            proven = bool(watch.beat_posted) or watch.loop is None or bool(held)
         if age >= sampling.arm_after_s():
             if step.task is None:
                 # Seen now, while the step runs: a stall in a task's last step
@@ -539,11 +554,41 @@ class Watchdog:
             if now >= step.next_sample:
                 _stacks.sample(step, innermost, watch, now, cpu)
         if proven and age >= _state.config.threshold_ms / 1000.0:
-            step.stalled = True
-            hang_after = _state.config.hang_after_ms
-            if hang_after is not None and age >= (step.hang_next or hang_after / 1000.0):
-                self._hang(watch, step, innermost, now, age, hang_after / 1000.0)
+            self._stalled(watch, step, innermost, now, age, bool(held))
         return True
+
+    def _stalled(self, watch: LoopWatch, step: Step, innermost: FrameType, now: float, age: float, held: bool) -> None:
+        # A look saw `step` running for the threshold: a stall, and a hang while it runs past hang_after_ms.
+        step.stalled = True
+        hang_after = _state.config.hang_after_ms
+        if hang_after is None:
+            return
+        if held:
+            # The hold has ended (this look waited for it): no hang now,
+            # one stall of its whole length when the step ends; a hang
+            # only if the step runs on for hang_after_ms from here.
+            step.hang_next = max(step.hang_next, age + hang_after / 1000.0)
+        elif age >= (step.hang_next or hang_after / 1000.0):
+            self._hang(watch, step, innermost, now, age, hang_after / 1000.0)
+
+    def _held(
+        self, watch: LoopWatch, found: tuple[object, FrameType, FrameType], now: float, cpu: float | None
+    ) -> float:
+        # When the loop's thread began holding the GIL in the C call this
+        # look waited on (0: none; _timing.held_from), in the step the look sees.
+        _ident, root, innermost = found
+        if innermost is root and _stacks.entering(innermost):
+            # The step has not run yet: the GIL was held before it (a C
+            # function the loop ran as a callback, on a loop written in C).
+            return 0.0
+        seen, cpu_seen = _timing.last_seen(watch)
+        asked = self._due
+        tripped = _timing.tripped_at(watch, seen, now)
+        if tripped:
+            asked = min(asked, tripped)  # (the tripwire woke this thread then)
+        proc = self._proc_ran
+        others = None if proc is None or cpu is None or cpu_seen is None else proc - (cpu - cpu_seen)
+        return _timing.held_from(asked, now, seen, cpu_seen, cpu, others)
 
     def _new_step(
         self,
