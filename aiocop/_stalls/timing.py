@@ -156,21 +156,36 @@ class Step:
 # for the GIL, while one loop thread ran and no other thread did, was kept out
 # by that thread holding the GIL in one C call (`held_from`).
 HELD_LATE_SWITCHES = 3
-# ... if that thread's CPU clock advanced by at least this share of the delay,
-# the share of a CPU that tells a working step from a waiting one (below it:
-# a paused process, or a machine that starved every thread alike; a loaded
-# machine gave a thread holding the GIL 18 to 35 % of a CPU) ...
+# Where the watchdog's thread cannot tell why it was late (off Linux: `sched`),
+# that thread's CPU clock must also have advanced by this share of the delay
+# (below it: a paused process, or a machine that starved every thread alike).
+# A busy machine gives a thread holding the GIL less than this (7 % with
+# eight threads wanting two cores), so where the watchdog's thread can tell,
+# three other tests replace it:
 HELD_SHARE = CPU_BOUND_RATE
-# ... and the rest of the process used no more than this share of what it did,
-# plus HELD_SLACK_S (the watchdog's own look and its waits for the GIL). More:
-# another thread ran Python code meanwhile, sharing the GIL with the loop's,
-# and either may have kept the watchdog out.
+# ... the watchdog waited for the GIL (neither running nor waiting for a CPU)
+# for HELD_LATE_SWITCHES switch intervals, woke at least once every
+# HELD_WAKE_SWITCHES of them to ask again (a stopped process does not wake),
+# and the loop's thread ran HELD_RAN_SWITCHES of them (Python code hands the
+# GIL over within one) ...
+HELD_WAKE_SWITCHES = 4
+HELD_RAN_SWITCHES = 3
+# ... and, always, the rest of the process used no more than this share of
+# what the loop's thread did, plus HELD_SLACK_S (the watchdog's own look and
+# its waits for the GIL). More: another thread ran Python code meanwhile,
+# sharing the GIL with the loop's, and either may have kept the watchdog out.
 HELD_OTHERS = 0.25
 HELD_SLACK_S = 0.002
 
 
 def held_from(
-    asked: float, now: float, seen: float, cpu_seen: float | None, cpu: float | None, others: float | None
+    asked: float,
+    now: float,
+    seen: float,
+    cpu_seen: float | None,
+    cpu: float | None,
+    others: float | None,
+    kept: tuple[float, int] | None = None,
 ) -> float:
     """When the loop's thread began holding the GIL in one C call that ended just before the look at `now` (0: none).
 
@@ -182,17 +197,35 @@ def held_from(
     loop's last look at `seen`, is at `cpu`) and nothing else of the process
     did (`others`: the process's CPU since the last look, less the loop
     thread's) was kept out by one C call of that thread's, which has just
-    returned to the frame the look sees. It began as the thread's CPU clock
-    says (on a quiet machine), and no later than the watchdog asked, when
-    the thread got less than a whole CPU; never before the loop's last look
-    (nor, the caller sees to it, before the loop woke for the step).
+    returned to the frame the look sees, unless the watchdog's own thread was
+    kept from a CPU or the process was stopped: `kept` (`sched.Own.since`)
+    says how long the watchdog's thread ran or waited for a CPU since its last
+    look ended, and how many times it got one (None: not told; the loop
+    thread's share of the delay decides instead). The hold began as the
+    thread's CPU clock says (on a quiet machine), and no later than the
+    watchdog asked, when the thread got less than a whole CPU; never before
+    the loop's last look (nor, the caller sees to it, before the loop woke
+    for the step).
     """
     late = now - asked
-    if cpu is None or cpu_seen is None or others is None or late < HELD_LATE_SWITCHES * sys.getswitchinterval():
+    switch = sys.getswitchinterval()
+    if cpu is None or cpu_seen is None or others is None or late < HELD_LATE_SWITCHES * switch:
         return 0.0
     ran = cpu - cpu_seen
-    if ran < HELD_SHARE * late or others > HELD_OTHERS * ran + HELD_SLACK_S:
+    if others > HELD_OTHERS * ran + HELD_SLACK_S:
         return 0.0
+    if kept is None:
+        if ran < HELD_SHARE * late:
+            return 0.0
+    else:
+        busy, slices = kept
+        blocked = late - busy  # waiting for the GIL (or stopped)
+        if (
+            blocked < HELD_LATE_SWITCHES * switch
+            or slices * HELD_WAKE_SWITCHES * switch < blocked
+            or ran < HELD_RAN_SWITCHES * switch
+        ):
+            return 0.0
     return max(min(now - ran, asked), seen)
 
 

@@ -47,6 +47,7 @@ from aiocop._model import state as _state
 from aiocop._stalls import attribution as _attribution
 from aiocop._stalls import discovery as _discovery
 from aiocop._stalls import probe as _probe
+from aiocop._stalls import sched as _sched
 from aiocop._stalls import stacks as _stacks
 from aiocop._stalls import timing as _timing
 from aiocop._stalls import tripwire as _tripwire
@@ -128,6 +129,10 @@ class Watchdog:
         self._due = 0.0
         self._proc_cpu: float | None = None
         self._proc_ran: float | None = None
+        # Why a look came late: this thread's own scheduling since the last
+        # look ended (_sched; None off Linux), read as the look begins.
+        self._own: _sched.Own | None = None
+        self._kept: tuple[float, int] | None = None
 
     @property
     def running(self) -> bool:
@@ -283,6 +288,13 @@ class Watchdog:
         # on a VM), with no Python-level Condition machinery, and wake() can cut
         # them short.
         me = threading.current_thread()
+        own = self._own = _sched.Own()  # (this thread's own file)
+        try:
+            self._loop(me, own)
+        finally:
+            own.close()
+
+    def _loop(self, me: threading.Thread, own: _sched.Own) -> None:
         while self._thread is me:
             self._polling = True
             try:
@@ -305,6 +317,7 @@ class Watchdog:
             if self._tick_due:
                 interval = min(interval, max(self._tick_due - perf_counter(), 0.0) + _TICK_LATE_S)
                 self._tick_due = 0.0
+            own.mark()
             self._due = perf_counter() + interval
             _acquire(self._waker, True, interval)
         # stop() right after a loop's last step: finish that step, whose stall
@@ -412,6 +425,8 @@ class Watchdog:
         Returns whether any is in a step, and whether any did anything since
         the last look (its thread's CPU clock moved).
         """
+        told = self._own
+        self._kept = told.since() if told is not None else None  # (first: as near the GIL's hand-over as can be)
         self._finish_retired()
         watches = _loops.watches
         now = perf_counter()
@@ -532,7 +547,9 @@ class Watchdog:
         else:
             step = self._new_step(watch, step, came_back, ident, root, now, cpu)
             if held:
-                step.held = max(held, step.t_prev)
+                # (On asyncio, no earlier than its iteration woke: a step of
+                # a busy loop seen after a late look began after that.)
+                step.held = max(held, step.t_prev, _timing.woke_at(ident, step.t_prev, now))
         age = now - step.known_since()
         proven = True
         if ident is root:
@@ -588,7 +605,7 @@ class Watchdog:
             asked = min(asked, tripped)  # (the tripwire woke this thread then)
         proc = self._proc_ran
         others = None if proc is None or cpu is None or cpu_seen is None else proc - (cpu - cpu_seen)
-        return _timing.held_from(asked, now, seen, cpu_seen, cpu, others)
+        return _timing.held_from(asked, now, seen, cpu_seen, cpu, others, self._kept)
 
     def _new_step(
         self,

@@ -1,0 +1,75 @@
+"""What Linux tells of the watchdog thread's own scheduling: why a look came late.
+
+A look that comes long after the watchdog asked for the GIL was kept out by
+one of three things: its thread waited for a CPU (a busy machine), the
+process was stopped (SIGSTOP, a debugger), or another thread held the GIL.
+Only the last says anything about a loop's step (`timing.held_from`). The
+thread's `/proc/thread-self/schedstat` tells them apart: the time it ran, the
+time it waited for a CPU, and how many times it was given one. While it
+waits for the GIL it wakes every switch interval to ask again (CPython's
+`take_gil`), and a stopped process does not wake at all.
+
+Read with os.pread on a file opened once (no audit event, no allocation
+beyond the bytes read). Off Linux, or where the file cannot be read, nothing
+is told (`Own.since` gives None) and the caller decides without it.
+
+May import: aiocop._common.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+_PATH = "/proc/thread-self/schedstat"
+
+
+class Own:
+    """The watchdog thread's schedstat, read at the end of a look and at the start of the next.
+
+    Made on the thread it describes (the file is that of the thread that
+    opens it).
+    """
+
+    __slots__ = ("_base", "_fd")
+
+    def __init__(self) -> None:
+        self._fd = -1
+        self._base: tuple[float, float, int] | None = None
+        if sys.platform != "linux":
+            return
+        try:
+            self._fd = os.open(_PATH, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            self._fd = -1
+
+    def _read(self) -> tuple[float, float, int] | None:
+        if self._fd < 0:
+            return None
+        try:
+            ran, waited, slices = os.pread(self._fd, 128, 0).split()[:3]
+            return int(ran) / 1e9, int(waited) / 1e9, int(slices)
+        except (OSError, ValueError):
+            self.close()
+            return None
+
+    def mark(self) -> None:
+        """The look ends: what the next one is told is measured from here."""
+        self._base = self._read()
+
+    def since(self) -> tuple[float, int] | None:
+        """Since `mark`: seconds this thread ran or waited for a CPU, and how many times it was given one.
+
+        None: not told (off Linux, the file unreadable, or no mark yet).
+        """
+        base, now = self._base, self._read()
+        if base is None or now is None:
+            return None
+        return (now[0] - base[0]) + (now[1] - base[1]), now[2] - base[2]
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
