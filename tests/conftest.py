@@ -60,6 +60,7 @@ LOOP_NAMES = _loops_asked()
 TIMING_MODULES = frozenset(
     {
         "test_clock",
+        "test_gil_stalls",
         "test_concurrency",
         "test_delivery_thread",
         "test_hangs",

@@ -927,14 +927,25 @@ def test_probe_tick_too_young_is_no_step(rec: Recorded, monkeypatch: pytest.Monk
 # look, the process's by `proc` (the loop's and everyone else's).
 
 
-def late_look(looks: Looks, due: float, now: float, cpu: float, proc: float, frame: FrameType) -> bool:
+def late_look(
+    looks: Looks,
+    due: float,
+    now: float,
+    cpu: float,
+    proc: float,
+    frame: FrameType,
+    kept: tuple[float, int] | None = None,
+) -> bool:
+    # `kept`: what the watchdog's thread was told of its own scheduling since its last look (_sched).
     looks.dog._due = due
     looks.dog._proc_ran = proc
+    looks.dog._kept = kept
     try:
         return looks.at(now, cpu, frame)
     finally:
         looks.dog._due = 0.0  # (the next looks on time)
         looks.dog._proc_ran = None
+        looks.dog._kept = None
 
 
 def test_held_from_decision(rec: Recorded, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -963,6 +974,56 @@ def test_held_from_decision(rec: Recorded, monkeypatch: pytest.MonkeyPatch) -> N
     # A clock not read: nothing is known.
     assert held(100.004, 100.300, 100.000, None, 1.200, 0.0) == 0.0
     assert held(100.004, 100.300, 100.000, 1.000, 1.200, None) == 0.0
+
+
+def test_held_from_decision_where_the_watchdog_knows_why_it_was_late(
+    rec: Recorded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Linux: the watchdog's own schedstat (`kept`: its time running or waiting for a CPU, and how many
+    times it got one) replaces the loop thread's share of the delay, which a busy machine pushes below a
+    tenth: it was blocked on the GIL for 3 switch intervals, woke every 4 of them at least (a stopped
+    process does not wake), and the loop's thread ran 3 of them (Python code hands the GIL over within one).
+    """
+    monkeypatch.setattr(sys, "getswitchinterval", lambda: 0.005)
+    held = _timing.held_from
+    # Eight threads wanting two cores: the loop's thread got 7 % of a CPU; the watchdog woke 50 times.
+    assert held(100.004, 100.300, 100.000, 1.000, 1.020, 0.001, (0.100, 50)) == near(100.004)
+    assert held(100.004, 100.300, 100.000, 1.000, 1.020, 0.001) == 0.0  # (the share alone: too little)
+    # Late because the watchdog's thread waited for a CPU, not for the GIL (blocked 6 ms).
+    assert held(100.004, 100.300, 100.000, 1.000, 1.020, 0.001, (0.290, 3)) == 0.0
+    # Stopped (SIGSTOP): 286 ms blocked, and it woke twice.
+    assert held(100.004, 100.300, 100.000, 1.000, 1.020, 0.001, (0.010, 2)) == 0.0
+    assert held(100.004, 100.300, 100.000, 1.000, 1.020, 0.001, (0.010, 15)) == near(100.004)
+    # The loop's thread ran less than 3 switch intervals: Python code preempted while it held the GIL.
+    assert held(100.004, 100.300, 100.000, 1.000, 1.0149, 0.001, (0.100, 50)) == 0.0
+    assert held(100.004, 100.300, 100.000, 1.000, 1.0151, 0.001, (0.100, 50)) == near(100.004)
+    # Another thread ran as much: the GIL was shared, whatever the watchdog was told.
+    assert held(100.004, 100.300, 100.000, 1.000, 1.020, 0.010, (0.100, 50)) == 0.0
+
+
+def test_gil_held_step_on_a_machine_eight_times_oversubscribed(rec: Recorded, frames: Frames) -> None:
+    """The loop's thread held the GIL 296 ms on 7 % of a CPU (21 ms of its clock); the watchdog, told it
+    was blocked 196 ms and woke 50 times, takes it for a hold: one stall from when it asked."""
+    looks = Looks()
+    a = frames.steps[0]
+    looks.at(100.000, 1.000, frames.idle)
+    assert late_look(looks, 100.004, 100.300, 1.021, 0.022, a, kept=(0.100, 50))
+    assert looks.step.held == near(100.004) and looks.step.stalled
+    looks.at(100.302, 1.0211, frames.idle)
+    [stall] = rec.stalls
+    assert (stall.start, stall.end) == (near(100.004), near(100.301))
+
+
+def test_late_look_of_a_stopped_process_is_no_stall(rec: Recorded, frames: Frames) -> None:
+    """SIGSTOP for 290 ms while a step ran: the watchdog's thread did not wake to ask for the GIL
+    meanwhile (twice in all), so the delay is no hold, whatever the loop's clock did around it."""
+    looks = Looks()
+    a = frames.steps[0]
+    looks.at(100.000, 1.000, frames.idle)
+    late_look(looks, 100.004, 100.300, 1.040, 0.041, a, kept=(0.004, 2))
+    assert not looks.step.held and not looks.step.stalled
+    looks.at(100.302, 1.0401, frames.idle)
+    assert not rec.stalls
 
 
 def test_gil_held_step_seen_once_is_a_stall_of_its_whole_length(rec: Recorded, frames: Frames) -> None:
