@@ -68,6 +68,7 @@ LAYERS: list[dict[str, list[str]]] = [
             "aiocop._stalls.discovery",
             "aiocop._stalls.tripwire",
             "aiocop._stalls.waits",
+            "aiocop._stalls.sched",
             "aiocop._stalls.probe",
             "aiocop._stalls.culprit",
         ]
