@@ -133,6 +133,7 @@ class Watchdog:
         # look ended (_sched; None off Linux), read as the look begins.
         self._own: _sched.Own | None = None
         self._kept: tuple[float, int] | None = None
+        self._kept_read = False
 
     @property
     def running(self) -> bool:
@@ -425,8 +426,6 @@ class Watchdog:
         Returns whether any is in a step, and whether any did anything since
         the last look (its thread's CPU clock moved).
         """
-        told = self._own
-        self._kept = told.since() if told is not None else None  # (first: as near the GIL's hand-over as can be)
         self._finish_retired()
         watches = _loops.watches
         now = perf_counter()
@@ -442,6 +441,7 @@ class Watchdog:
         # after the walks, they timed an old picture as a new one: one step
         # seen as two, stalls cut short or missed.
         now = perf_counter()
+        self._kept_read = False  # (read by the first late look at a step: _held)
         # Whether each loop's tripwire guards it (armed, in place since a look
         # saw it idle: _tripwire.guards) and the CPU the probe's ticks told,
         # read before the clocks; whether a tick is under way, read after.
@@ -603,6 +603,18 @@ class Watchdog:
         tripped = _timing.tripped_at(watch, seen, now)
         if tripped:
             asked = min(asked, tripped)  # (the tripwire woke this thread then)
+        if now - asked < _timing.HELD_LATE_SWITCHES * sys.getswitchinterval():
+            return 0.0  # on time: no hold kept this look out (the usual case, no read)
+        if not self._kept_read:
+            # Why this look came late (_sched), read once per look and only
+            # after this loop's stack was walked: the read (os.pread) lets go
+            # of the GIL, and a loop thread whose C call had just handed it
+            # over took it back and finished its step, whose suspended frame
+            # then led nowhere: a held step missed, one look in ten (asyncio,
+            # 3.12, a quiet machine), when it was read first.
+            told = self._own
+            self._kept = told.since() if told is not None else None
+            self._kept_read = True
         proc = self._proc_ran
         others = None if proc is None or cpu is None or cpu_seen is None else proc - (cpu - cpu_seen)
         return _timing.held_from(asked, now, seen, cpu_seen, cpu, others, self._kept)
