@@ -940,12 +940,14 @@ def late_look(
     looks.dog._due = due
     looks.dog._proc_ran = proc
     looks.dog._kept = kept
+    looks.dog._kept_read = True  # (scripted: not read from /proc)
     try:
         return looks.at(now, cpu, frame)
     finally:
         looks.dog._due = 0.0  # (the next looks on time)
         looks.dog._proc_ran = None
         looks.dog._kept = None
+        looks.dog._kept_read = False
 
 
 def test_held_from_decision(rec: Recorded, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1024,6 +1026,39 @@ def test_late_look_of_a_stopped_process_is_no_stall(rec: Recorded, frames: Frame
     assert not looks.step.held and not looks.step.stalled
     looks.at(100.302, 1.0401, frames.idle)
     assert not rec.stalls
+
+
+def test_own_scheduling_is_read_only_by_a_late_look_after_the_step_is_walked(
+    rec: Recorded, frames: Frames, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read of the watchdog's schedstat lets go of the GIL: never on a look on time, and at a late
+    look only once the held step's stack was walked (read first, the loop finished the step meanwhile and
+    the suspended frame led nowhere: a held step missed one look in ten)."""
+    calls: list[str] = []
+
+    class Told:
+        def since(self) -> tuple[float, int]:
+            calls.append("since")
+            return (0.0, 60)  # woke every switch interval: waiting for the GIL
+
+    walk = _stacks.step_of
+
+    def walked(frame: FrameType, watch: ScriptedWatch, now: float) -> object:
+        calls.append("walk")
+        return walk(frame, watch, now)
+
+    monkeypatch.setattr(_stacks, "step_of", walked)
+    looks = Looks()
+    looks.dog._own = Told()  # type: ignore[assignment]
+    a = frames.steps[0]
+    looks.at(100.000, 1.000, frames.idle)
+    looks.dog._due, looks.dog._proc_ran, looks.dog._kept_read = 100.004, 0.0, False
+    looks.at(100.004, 1.000, frames.idle)  # on time
+    assert calls == ["walk", "walk"]
+    looks.dog._due, looks.dog._proc_ran = 100.008, 0.3005  # late: kept out 292 ms
+    assert looks.at(100.300, 1.2995, a)
+    assert calls == ["walk", "walk", "walk", "since"]
+    assert looks.step.held == near(100.004)  # (never before the loop's last look)
 
 
 def test_gil_held_step_seen_once_is_a_stall_of_its_whole_length(rec: Recorded, frames: Frames) -> None:
