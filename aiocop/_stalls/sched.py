@@ -36,7 +36,10 @@ class Own:
 
     def __init__(self) -> None:
         self._fd = -1
-        self._base: tuple[float, float, int] | None = None
+        # A thread's counts start at zero: made first thing on the watchdog's
+        # new thread, this measures its first look from the thread's start
+        # (which a loop's first step, holding the GIL, may have kept waiting).
+        self._base: tuple[float, float, int] | None = (0.0, 0.0, 0)
         if sys.platform != "linux":
             return
         try:

@@ -163,6 +163,10 @@ class Watchdog:
         thread = threading.Thread(target=self._run, name="aiocop-watchdog", daemon=True)
         self._thread = thread
         self._idle_since = 0.0
+        # Its first look is asked for now: a loop's first step holding the GIL
+        # keeps the new thread from running, and that look is timed from here (_held).
+        self._due = perf_counter()
+        self._proc_cpu, self._proc_ran = process_time(), None  # (what that look measures the others' CPU from)
         thread.start()
 
     def loop_started(self) -> None:
@@ -232,7 +236,10 @@ class Watchdog:
 
     def wake(self) -> None:
         """Look at the loops now (a loop started, or the watchdog is stopping)."""
-        self._last_active = perf_counter()
+        now = self._last_active = perf_counter()
+        # The look is asked for now: one that comes late was kept out from
+        # here (_held: a loop's first step that holds the GIL from its start).
+        self._due = min(self._due, now)
         with contextlib.suppress(RuntimeError):  # already released, not yet slept on again
             self._waker.release()
 
