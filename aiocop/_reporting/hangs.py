@@ -75,17 +75,12 @@ class Hang:
     wrapped: str  # the call an aiocop wrapper on top of the stack waits in ("threading.RLock.__enter__"), or ""
 
 
-def report(watch: LoopWatch, step: Step, innermost: FrameType, now: float) -> None:
-    """Called by the watchdog (its thread) with a step still running past `hang_after_ms`."""
-    if not _state.active:
-        return  # deactivate() pauses every report
-    # Reported even in a monitored(False) scope (an unsampled request): a
-    # hung loop stops every request, and a report costs them nothing.
+def _hang_of(watch: LoopWatch, step: Step, innermost: FrameType, now: float) -> Hang:
+    """The step that holds `watch`'s loop at `now`, its thread's innermost frame `innermost`, as a hang report."""
     task = step.task if step.task is not None else _attribution.StalledTask.of(watch.loop, step.root)
     group = _group_of(watch, step)
     blocker, blocker_trace = _blocker(innermost)
-    wrapped = _wrapped_call(innermost)
-    hang = Hang(
+    return Hang(
         watch,
         task,
         _stack(innermost, step.root),
@@ -96,8 +91,17 @@ def report(watch: LoopWatch, step: Step, innermost: FrameType, now: float) -> No
         group is not None,
         blocker,
         blocker_trace,
-        wrapped,
+        _wrapped_call(innermost),
     )
+
+
+def report(watch: LoopWatch, step: Step, innermost: FrameType, now: float) -> None:
+    """Called by the watchdog (its thread) with a step still running past `hang_after_ms`."""
+    if not _state.active:
+        return  # deactivate() pauses every report
+    # Reported even in a monitored(False) scope (an unsampled request): a
+    # hung loop stops every request, and a report costs them nothing.
+    hang = _hang_of(watch, step, innermost, now)
     reporter.submit(hang)
 
 
@@ -393,23 +397,7 @@ def ongoing() -> list[SlowTaskEvent]:
         if not _still_running(innermost, step.root):
             continue  # it ended since the watchdog's last look: its own event reports it
         try:
-            task = step.task if step.task is not None else _attribution.StalledTask.of(watch.loop, step.root)
-            group = _group_of(watch, step)
-            blocker, blocker_trace = _blocker(innermost)
-            hang = Hang(
-                watch,
-                task,
-                _stack(innermost, step.root),
-                not step.cpu_bound(),
-                now - step.start(),
-                step.hangs,
-                group.provided if group is not None else None,
-                group is not None,
-                blocker,
-                blocker_trace,
-                _wrapped_call(innermost),
-            )
-            found.append(build_event(hang))
+            found.append(build_event(_hang_of(watch, step, innermost, now)))
         except Exception:  # a look at another thread's live frames: never let it break the end of a run
             logger.exception("aiocop: could not describe a step still running at exit (ignored)")
     return found
