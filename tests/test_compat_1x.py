@@ -463,11 +463,14 @@ def test_the_1x_fastapi_request_context_recipe_runs_unchanged() -> None:
     result = run_python(FASTAPI_REQUEST_CONTEXT_1X + DRIVE_APP)
     assert result.returncode == 0, result.stderr
     # The slow request's event names it (the client's first request may
-    # also stall the loop for a while, outside any request: "[]").
+    # also stall the loop for a while, outside any request: "[]"; and on a
+    # busy machine the first, fast, request's own step can take the
+    # threshold too: a real stall, named by its own request ID).
     requests = [line for line in result.stdout.splitlines() if line.startswith("[req-")]
-    (line,) = requests
-    assert line.startswith("[req-slow] Slow task: "), result.stdout
-    assert float(line.rpartition(" ")[2].removesuffix("ms")) >= 90
+    slow = [line for line in requests if line.startswith("[req-slow] Slow task: ")]
+    assert len(slow) == 1, result.stdout
+    assert all(line.startswith("[req-fast] Slow task: ") for line in requests if line not in slow), result.stdout
+    assert float(slow[0].rpartition(" ")[2].removesuffix("ms")) >= 90
 
 
 DATADOG_1X = '''

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 @pytest.fixture
 def instrumentor() -> Iterator[AiocopInstrumentor]:
+    # From a clean state, whatever an earlier test of the worker left running
+    # (the tests below check that nothing starts: the watchdog off before too).
+    reset_aiocop()
     instrumentor = AiocopInstrumentor()
     try:
         yield instrumentor
