@@ -13,6 +13,7 @@ import inspect
 import json
 import queue
 import socket
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -747,3 +748,57 @@ def test_under_pytest_timeouts_thread_method_the_hang_is_on_the_terminal_before_
     assert "aiocop: loop HUNG for 4.0 s (still running)" in result.stderr.str(), output
     assert "test_stuck.py:6:handler" in output, output
     assert "lock.acquire()  # HANGS" in output, output
+
+
+PAUSED_SCRIPT = """\
+import asyncio, sys, time
+
+async def main():
+    print("stepping", file=sys.stderr, flush=True)
+    for _ in range(8):
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.5:  # a step of 0.5 s, in wall time
+            pass
+        await asyncio.sleep(0.05)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a stopped process is told apart by Linux's schedstat")
+def test_a_stopped_process_is_no_hung_loop(tmp_path: Any) -> None:
+    """Issue 38: SIGSTOP for 3 s, then SIGCONT (Ctrl-Z and fg, a paused container), during a loop of 0.5 s
+    steps under --hang-after-ms 1500 was reported as "HUNG 3.2 s": the pause is not the loop's doing."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    script = tmp_path / "app.py"
+    script.write_text(PAUSED_SCRIPT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aiocop", "run", "--threshold-ms", "100", "--hang-after-ms", "1500", str(script)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    try:
+        assert process.stderr is not None
+        assert process.stderr.readline().strip() == "stepping"
+        time.sleep(0.2)  # inside the first step
+        process.send_signal(signal.SIGSTOP)
+        time.sleep(3.0)
+        process.send_signal(signal.SIGCONT)
+        output = process.stderr.read()
+        assert process.wait(timeout=120) == 0, output
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if process.stderr is not None:
+            process.stderr.close()
+    assert "HUNG" not in output, output
+    assert "8 stall(s)" in output, output

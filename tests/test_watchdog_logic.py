@@ -535,6 +535,55 @@ def test_hang_reports_at_hang_after_then_doubling(rec: Recorded, frames: Frames)
     assert not rec.stalls  # still running: no stall event yet
 
 
+def stopped_look(looks: Looks, due: float, now: float, frame: FrameType, kept: tuple[float, int] | None) -> bool:
+    # A look due at `due` that came at `now`; `kept`: what the watchdog's thread was told of its own
+    # scheduling meanwhile (_sched: seconds it ran or waited for a CPU, times it was given one).
+    dog = looks.dog
+    dog._due, dog._kept, dog._kept_read, dog._pause_read = due, kept, True, False
+    try:
+        return looks.at(now, 1.0, frame)
+    finally:
+        dog._due, dog._kept, dog._kept_read, dog._pause_read = 0.0, None, False, False
+
+
+def test_a_stopped_process_is_no_hung_loop(rec: Recorded, frames: Frames) -> None:
+    """Issue 38: a step waiting since 100.0; the process stopped (SIGSTOP, then SIGCONT) 3 s: the look due at
+    100.5 comes at 103.5, and the watchdog's thread neither ran nor woke meanwhile (1 ms, given a CPU once).
+    Not a hang (hang_after 1 s): the step's age less the 3 s stopped is 0.5 s. It hangs once it has run 1 s
+    besides the pause, and its report's time leaves the pause out."""
+    looks = Looks()
+    a = frames.steps[0]
+    looks.at(99.75, 1.0, frames.idle)
+    for t in (100.0, 100.25):
+        looks.at(t, 1.0, a)
+    stopped_look(looks, 100.5, 103.5, a, (0.001, 1))
+    assert not rec.hangs and looks.step.paused_s == near(2.999)
+    looks.at(103.75, 1.0, a)
+    assert not rec.hangs
+    looks.at(104.0, 1.0, a)
+    assert [(n, age) for n, age, _ in rec.hangs] == [(1, 4.0)]
+    assert rec.hangs[0][2] == near(104.0 - 99.875 - 2.999)  # from its start (mid 99.75..100.0), less the pause
+
+
+@pytest.mark.parametrize(
+    "kept",
+    [(2.999, 60), (0.001, 600), None],
+    ids=["waited-for-a-cpu", "woke-every-switch-interval", "not-told"],
+)
+def test_a_late_look_that_is_no_stop_leaves_the_hang_as_it_was(
+    rec: Recorded, frames: Frames, kept: tuple[float, int] | None
+) -> None:
+    """The same late look, but the watchdog's thread waited for a CPU (a busy machine), or woke every switch
+    interval (waiting for the GIL), or is not told (off Linux): the step's whole age counts, a hang at 103.5."""
+    looks = Looks()
+    a = frames.steps[0]
+    looks.at(99.75, 1.0, frames.idle)
+    for t in (100.0, 100.25):
+        looks.at(t, 1.0, a)
+    stopped_look(looks, 100.5, 103.5, a, kept)
+    assert [(n, age) for n, age, _ in rec.hangs] == [(1, 3.5)] and looks.step.paused_s == 0.0
+
+
 def test_hang_interval_counts_from_a_late_report(rec: Recorded, frames: Frames) -> None:
     """Looks that come late: each next report is due the interval after the late one, never sooner."""
     looks = Looks()

@@ -85,7 +85,7 @@ def _hang_of(watch: LoopWatch, step: Step, innermost: FrameType, now: float) -> 
         task,
         _stack(innermost, step.root),
         not step.cpu_bound(),
-        now - step.start(),
+        now - step.start() - step.paused_s,  # (a stopped process is no part of a hang)
         step.hangs,
         group.provided if group is not None else None,
         group is not None,

@@ -23,6 +23,7 @@ from aiocop._stalls.attribution import Stall
 from aiocop._stalls.settings import sampling
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import CodeType, FrameType
 
     from aiocop._interception.loops import LoopWatch
@@ -48,6 +49,7 @@ class Step:
         "ident",
         "merged",
         "next_sample",
+        "paused_s",
         "root",
         "sample_cpu",
         "sample_t",
@@ -87,6 +89,10 @@ class Step:
         self.woke = False
         self.hangs = 0  # hang reports made of it while it ran
         self.hung_s = 0.0  # how long it had run at its latest hang report: its final length is no less
+        # How long the process was stopped (SIGSTOP, a frozen container) while
+        # it ran, as the watchdog saw it (Watchdog._paused): not the loop's
+        # doing, so no part of a hang.
+        self.paused_s = 0.0
         self.hang_next = 0.0  # its age (s) at the next hang report; 0: hang_after_ms from the config
         # When it began and ended, where the loop's thread told it (the
         # probe's tick notes both); 0: estimated from the looks.
@@ -227,6 +233,29 @@ def held_from(
         ):
             return 0.0
     return max(min(now - ran, asked), seen)
+
+
+def stopped_for(late: float, kept: Callable[[], tuple[float, int] | None]) -> float:
+    """How long the process was stopped before a look `late` seconds past its due time (0: not stopped, or not told).
+
+    `kept` gives what the watchdog's thread was told of its own scheduling
+    since its last look (`sched.Own.since`: seconds it ran or waited for a
+    CPU, and how many times it was given one), read only for a late look.
+    Stopped: blocked (neither running nor waiting for a CPU) for three switch
+    intervals, without waking once every four switch intervals as it does
+    while it waits for the GIL (`held_from`'s test, turned round).
+    """
+    switch = sys.getswitchinterval()
+    if late < HELD_LATE_SWITCHES * switch:
+        return 0.0
+    told = kept()
+    if told is None:
+        return 0.0
+    busy, slices = told
+    blocked = late - busy
+    if blocked < HELD_LATE_SWITCHES * switch or slices * HELD_WAKE_SWITCHES * switch >= blocked:
+        return 0.0
+    return blocked
 
 
 def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:

@@ -134,6 +134,8 @@ class Watchdog:
         self._own: _sched.Own | None = None
         self._kept: tuple[float, int] | None = None
         self._kept_read = False
+        self._pause_read = False
+        self._pause = 0.0
 
     @property
     def running(self) -> bool:
@@ -448,7 +450,8 @@ class Watchdog:
         # after the walks, they timed an old picture as a new one: one step
         # seen as two, stalls cut short or missed.
         now = perf_counter()
-        self._kept_read = False  # (read by the first late look at a step: _held)
+        self._kept_read = False  # (read by the first late look at a step: _held, _paused)
+        self._pause_read = False
         # Whether each loop's tripwire guards it (armed, in place since a look
         # saw it idle: _tripwire.guards) and the CPU the probe's ticks told,
         # read before the clocks; whether a tick is under way, read after.
@@ -587,6 +590,10 @@ class Watchdog:
         hang_after = _state.config.hang_after_ms
         if hang_after is None:
             return
+        paused = self._paused(now)
+        if paused:
+            step.paused_s += paused
+        age -= step.paused_s  # (a stopped process is not a hung loop)
         if held:
             # The hold has ended (this look waited for it): no hang now,
             # one stall of its whole length when the step ends; a hang
@@ -594,6 +601,31 @@ class Watchdog:
             step.hang_next = max(step.hang_next, age + hang_after / 1000.0)
         elif age >= (step.hang_next or hang_after / 1000.0):
             self._hang(watch, step, innermost, now, age, hang_after / 1000.0)
+
+    def _paused(self, now: float) -> float:
+        # How long the process was stopped (SIGSTOP then SIGCONT: Ctrl-Z and
+        # fg, a container paused, a throttled cgroup) before this look, which
+        # it made late: the watchdog's thread was blocked (neither running
+        # nor waiting for a CPU, _sched) and did not wake meanwhile, as it
+        # does every switch interval while it waits for the GIL. Once per look
+        # (0 off Linux: not told, every late look's delay is the step's).
+        if not self._pause_read:
+            self._pause_read = True
+            self._pause = _timing.stopped_for(now - self._due if self._due else 0.0, self._own_scheduling)
+        return self._pause
+
+    def _own_scheduling(self) -> tuple[float, int] | None:
+        # Why this look came late (_sched), read once per look and only once
+        # the loops' stacks it needs were walked: the read (os.pread) lets go
+        # of the GIL, and a loop thread whose C call had just handed it over
+        # took it back and finished its step, whose suspended frame then led
+        # nowhere: a held step missed, one look in ten (asyncio, 3.12, a quiet
+        # machine), when it was read first.
+        if not self._kept_read:
+            told = self._own
+            self._kept = told.since() if told is not None else None
+            self._kept_read = True
+        return self._kept
 
     def _held(
         self, watch: LoopWatch, found: tuple[object, FrameType, FrameType], now: float, cpu: float | None
@@ -612,19 +644,10 @@ class Watchdog:
             asked = min(asked, tripped)  # (the tripwire woke this thread then)
         if now - asked < _timing.HELD_LATE_SWITCHES * sys.getswitchinterval():
             return 0.0  # on time: no hold kept this look out (the usual case, no read)
-        if not self._kept_read:
-            # Why this look came late (_sched), read once per look and only
-            # after this loop's stack was walked: the read (os.pread) lets go
-            # of the GIL, and a loop thread whose C call had just handed it
-            # over took it back and finished its step, whose suspended frame
-            # then led nowhere: a held step missed, one look in ten (asyncio,
-            # 3.12, a quiet machine), when it was read first.
-            told = self._own
-            self._kept = told.since() if told is not None else None
-            self._kept_read = True
+        kept = self._own_scheduling()
         proc = self._proc_ran
         others = None if proc is None or cpu is None or cpu_seen is None else proc - (cpu - cpu_seen)
-        return _timing.held_from(asked, now, seen, cpu_seen, cpu, others, self._kept)
+        return _timing.held_from(asked, now, seen, cpu_seen, cpu, others, kept)
 
     def _new_step(
         self,
@@ -678,7 +701,7 @@ class Watchdog:
             return
         if step.task is None:
             step.task = _attribution.StalledTask.of(watch.loop, step.root)
-        step.hung_s = max(step.hung_s, now - step.start())
+        step.hung_s = max(step.hung_s, now - step.start() - step.paused_s)
         try:
             report_hang(watch, step, innermost, now)
         except Exception:
