@@ -55,6 +55,8 @@ class Recorded:
         self.stalls: list[Stall] = []
         # (report number, the step's age at the look, hung_s) for each hang report
         self.hangs: list[tuple[int, float, float]] = []
+        # What the loop thread's schedstat tells at a sample: seconds it waited for a CPU (None: not told).
+        self.queued: float | None = None
 
     def hang(self, watch: object, step: Step, innermost: FrameType, now: float) -> None:
         self.hangs.append((step.hangs, now - step.t_first, step.hung_s))
@@ -78,6 +80,7 @@ def rec(monkeypatch: pytest.MonkeyPatch) -> Recorded:
     monkeypatch.setattr(_watchdog, "report_stall", recorded.stalls.append)
     monkeypatch.setattr(_watchdog, "attach_to_io", None)
     monkeypatch.setattr(_watchdog, "report_hang", recorded.hang)
+    monkeypatch.setattr(_watchdog, "_queued", lambda watch: recorded.queued)
     return recorded
 
 
@@ -415,6 +418,33 @@ def test_look_sequence_waiting_stall(rec: Recorded, frames: Frames) -> None:
     [stall] = rec.stalls
     assert (stall.start, stall.end) == (near(100.005), near(100.0525))
     assert stall.waiting
+
+
+@pytest.mark.parametrize("machine", ["busy", "quiet", "untold"])
+def test_a_spin_kept_off_the_cpus_by_a_busy_machine_is_working_not_waiting(
+    rec: Recorded, frames: Frames, machine: str
+) -> None:
+    """Samples whose CPU clock stood still: waiting, unless the thread spent the time waiting for a CPU.
+
+    A pure-Python spin on a machine whose cores other processes keep busy
+    gets no CPU between some samples; its schedstat says it was runnable all
+    along (issue 38: the quick start's spin was "waiting" under load). The
+    first sample has no earlier reading to compare with: the CPU clock alone.
+    """
+    looks = Looks()
+    a = frames.steps[0]
+    looks.at(100.000, 1.000, frames.idle)
+    looks.at(100.010, 1.008, a)
+    for i, now in enumerate((100.020, 100.031, 100.042, 100.053)):  # sampled from 15 ms after the sighting
+        # Busy: 10 of every 11 ms runnable but queued; quiet: neither running nor queued.
+        rec.queued = {"busy": 0.010 * i, "quiet": 0.001, "untold": None}[machine]
+        looks.at(now, 1.008, a)
+    looks.at(100.064, 1.009, frames.idle)
+    [stall] = rec.stalls
+    [(_stack, taken)] = stall.samples
+    assert taken == 3  # the first waiting by its CPU clock alone (no reading before it), when busy too
+    assert stall.waiting_top is (machine != "busy")
+    assert stall.culprit().startswith("waiting") is (machine != "busy")
 
 
 def test_wait_not_seen_past_the_threshold_is_no_stall(rec: Recorded, frames: Frames) -> None:

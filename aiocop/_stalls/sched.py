@@ -13,6 +13,11 @@ Read with os.pread on a file opened once (no audit event, no allocation
 beyond the bytes read). Off Linux, or where the file cannot be read, nothing
 is told (`Own.since` gives None) and the caller decides without it.
 
+A loop thread's file tells, at a stall's samples, whether a thread whose CPU
+clock stood still was waiting (for I/O, a lock, the GIL) or only kept off
+the CPUs by a busy machine (`queued`): a pure-Python spin starved by other
+processes is still working.
+
 May import: aiocop._common.
 """
 
@@ -76,3 +81,24 @@ class Own:
         if fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def queued(native_id: int) -> float | None:
+    """Seconds thread `native_id` of this process has spent runnable but waiting for a CPU, since it began.
+
+    None: not told (off Linux, the thread gone, the file unreadable). Opened
+    for each read: called at a stall's samples only, not at every look.
+    """
+    if sys.platform != "linux":
+        return None
+    try:
+        fd = os.open(f"/proc/self/task/{native_id}/schedstat", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        return int(os.pread(fd, 128, 0).split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)

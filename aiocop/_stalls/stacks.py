@@ -136,7 +136,9 @@ _ENTRY_OPS = frozenset(
 )
 
 
-def sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float, cpu: float | None) -> None:
+def sample(
+    step: Step, innermost: FrameType, watch: LoopWatch, now: float, cpu: float | None, queued: float | None = None
+) -> None:
     step.next_sample = now + sampling.interval_ms / 1000.0
     if sum(step.samples.values()) >= sampling.max_samples_per_slice:
         return
@@ -155,12 +157,13 @@ def sample(step: Step, innermost: FrameType, watch: LoopWatch, now: float, cpu: 
     stack = tuple(frames)
     step.samples[stack] = step.samples.get(stack, 0) + 1
     # Waiting or working at this sample: did the thread's CPU clock move
-    # since the previous one (or since the step was first seen)?
-    if (
-        cpu is not None
-        and step.sample_cpu is not None
-        and now > step.sample_t
-        and (cpu - step.sample_cpu) < CPU_BOUND_RATE * (now - step.sample_t)
-    ):
-        step.waiting[stack] = step.waiting.get(stack, 0) + 1
-    step.sample_t, step.sample_cpu = now, cpu
+    # since the previous one (or since the step was first seen)? Time it
+    # spent runnable but kept off the CPUs by other processes (`queued`,
+    # sched.queued) counts as working: a spin on a busy machine is no wait.
+    if cpu is not None and step.sample_cpu is not None and now > step.sample_t:
+        worked = cpu - step.sample_cpu
+        if queued is not None and step.sample_queued is not None:
+            worked += queued - step.sample_queued
+        if worked < CPU_BOUND_RATE * (now - step.sample_t):
+            step.waiting[stack] = step.waiting.get(stack, 0) + 1
+    step.sample_t, step.sample_cpu, step.sample_queued = now, cpu, queued

@@ -52,6 +52,7 @@ class Step:
         "paused_s",
         "root",
         "sample_cpu",
+        "sample_queued",
         "sample_t",
         "samples",
         "stalled",
@@ -80,6 +81,7 @@ class Step:
         self.waiting: dict[tuple[tuple[CodeType, int], ...], int] = {}  # samples taken while idle on CPU
         self.sample_t = now
         self.sample_cpu = cpu
+        self.sample_queued: float | None = None  # its thread's wait for a CPU at the last sample (sched.queued)
         self.next_sample = 0.0
         self.stalled = False
         self.merged = False  # its io event took it over

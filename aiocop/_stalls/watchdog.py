@@ -579,7 +579,7 @@ class Watchdog:
                 # can still be one (see _finish).
                 step.task = _attribution.StalledTask.of(watch.loop, root)
             if now >= step.next_sample:
-                _stacks.sample(step, innermost, watch, now, cpu)
+                _stacks.sample(step, innermost, watch, now, cpu, _queued(watch))
         if proven and age >= _state.config.threshold_ms / 1000.0:
             self._stalled(watch, step, innermost, now, age, bool(held))
         return True
@@ -777,6 +777,13 @@ _GUARDED_SLACK_S = 0.005
 def _within_slack(watch: LoopWatch, cpu: float | None, probe_now: float) -> bool:
     # (The ticks' own test, _timing.moved, with the slack added to what they told.)
     return not _timing.moved(watch.idle_cpu, cpu, probe_now - watch.probe_seen + _GUARDED_SLACK_S)
+
+
+def _queued(watch: LoopWatch) -> float | None:
+    # How long the loop's thread has waited for a CPU (_sched.queued), for a
+    # stall's sample to tell a starved spin from a wait.
+    native = _waits.native_id(watch.thread_id)
+    return None if native is None else _sched.queued(native)
 
 
 def _gone_from_the_os(thread: threading.Thread | None) -> None:
