@@ -364,7 +364,7 @@ class Row(NamedTuple):
     mode: str  # "aiocop" (detection + watchdog, as users run them) or "otel" (and AiocopInstrumentor)
 
 
-TABLE_MODES = ("baseline", "aiocop", "otel", "blockbuster")
+TABLE_MODES = ("baseline", "aiocop", "otel", "blockbuster", "floor")
 TABLE = (
     Row("stat-uvloop", "`os.stat`", "stat", "uvloop", "aiocop"),
     Row("stat-asyncio", "`os.stat`", "stat", "asyncio", "aiocop"),
@@ -441,9 +441,9 @@ def _check_delivered(mode: str, loop_name: str, scenario: str, delivered: int, c
         sys.exit(f"{mode}/{scenario} on {loop_name}: {delivered} events delivered, expected {expected}")
 
 
-def table_child(mode: str, loop_name: str, tasks: int, scenarios: list[str]) -> None:
+def _set_up_table_mode(mode: str, counted: list[int]) -> Any:
+    """Switch on what `mode` measures in a table child; aiocop's module when it is aiocop's mode, else None."""
     global CAUGHT, SCOPE
-    counted = [0]
     aiocop: Any = None
     if mode == "blockbuster":
         from blockbuster import BlockBuster, BlockingError
@@ -479,8 +479,20 @@ def table_child(mode: str, loop_name: str, tasks: int, scenarios: list[str]) -> 
             from aiocop.opentelemetry import AiocopInstrumentor
 
             AiocopInstrumentor().instrument(meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    elif mode == "floor":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import floor_detector
+
+        floor_detector.install()
+        floor_detector.callbacks.append(lambda event: counted.__setitem__(0, counted[0] + 1))
     elif mode not in ("baseline", "aiocop1"):
         sys.exit(f"unknown mode {mode!r}")
+    return aiocop
+
+
+def table_child(mode: str, loop_name: str, tasks: int, scenarios: list[str]) -> None:
+    counted = [0]
+    aiocop = _set_up_table_mode(mode, counted)
 
     async def run(body: Any, count: int) -> None:
         for _ in range(0, count, TABLE_BATCH):
@@ -510,7 +522,7 @@ def table_child(mode: str, loop_name: str, tasks: int, scenarios: list[str]) -> 
         os.getppid()
         if rule is not None:
             aiocop.remove_allow_rule(rule)
-        _check_delivered(mode, loop_name, scenario, counted[0], 3 * tasks, aiocop is not None)
+        _check_delivered(mode, loop_name, scenario, counted[0], 3 * tasks, aiocop is not None or mode == "floor")
     loop.close()
 
 
@@ -636,7 +648,7 @@ def print_profile(mode: str, loop_name: str, scenario: str) -> None:
 def table(
     loops: tuple[str, ...], blockbuster: bool, tasks: int = TABLE_TASKS, aiocop1: str | None = None
 ) -> dict[str, dict[str, float]]:
-    """Per row key: `aiocop` (extra instructions per task) and, where compared, `blockbuster`, `aiocop1`.
+    """Per row key: `aiocop` (extra instructions per task) and, where compared, `blockbuster`, `aiocop1`, `floor`.
 
     `aiocop1`: a directory holding aiocop 1.2.1 (`pip install --no-deps --target DIR aiocop==1.2.1`);
     its column has the call kinds 1.x reported every event of. The valgrind processes run side by
@@ -659,6 +671,10 @@ def table(
             jobs["blockbuster", loop_name] = (compared, None)
         if aiocop1 is not None:
             jobs["aiocop1", loop_name] = (compared, aiocop1)
+        if loop_name == "uvloop" and "stat" in scenarios:
+            # The yardstick (floor_detector.py) beside aiocop's `os.stat`: the
+            # cost guard checks it costs something and less than aiocop.
+            jobs["floor", loop_name] = (["stat"], None)
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
@@ -666,7 +682,7 @@ def table(
             job: pool.submit(_regions, job[0], job[1], wanted, tasks, path) for job, (wanted, path) in jobs.items()
         }
         counts = {job: future.result() for job, future in running.items()}
-    column = {"aiocop": "aiocop", "otel": "aiocop", "blockbuster": "blockbuster", "aiocop1": "aiocop1"}
+    column = {mode: mode for mode in ("blockbuster", "aiocop1", "floor")} | {"aiocop": "aiocop", "otel": "aiocop"}
     for (mode, loop_name), measured in counts.items():
         if mode == "baseline":
             continue

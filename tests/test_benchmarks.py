@@ -175,23 +175,6 @@ def test_instruction_count_programs_check_their_events(mode: str) -> None:
         assert done.returncode == 0, (program, done.stderr[-2000:])
 
 
-@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
-@pytest.mark.timeout(660)  # valgrind: tens of seconds on a quiet machine, minutes on a busy one
-def test_instruction_counts_under_valgrind() -> None:
-    done = subprocess.run(
-        [sys.executable, str(INSTRUCTIONS), "--scenarios", "stat", "--tasks", "500", "--floor"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    row = next(line for line in done.stdout.splitlines() if line.startswith("stat "))
-    baseline, inert, _, full, _, floor, _ = row.split()[1:]
-    assert 0 < int(baseline) < int(inert) < int(full)  # aiocop costs something, detection most
-    assert int(baseline) < int(floor) < int(full)  # the yardstick does less than aiocop, but not nothing
-
-
 @pytest.mark.timeout(330)  # seconds on a quiet machine; the bound is for a busy one
 def test_watchdog_busy_cost_runs_and_checks_its_events() -> None:
     done = subprocess.run(

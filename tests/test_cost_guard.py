@@ -72,7 +72,7 @@ def test_a_figure_over_its_budget_is_named_with_its_figure() -> None:
     assert instructions.over_budget({"stat-uvloop": {"aiocop": 69_999.0}}, budgets) == []
 
 
-@pytest.mark.parametrize("mode", ["baseline", "aiocop", "otel", "blockbuster"])
+@pytest.mark.parametrize("mode", ["baseline", "aiocop", "otel", "blockbuster", "floor"])
 @pytest.mark.timeout(150)  # its program is given 120 s; the test's own timeout sits above it
 def test_the_table_programs_check_their_events(mode: str) -> None:
     # The programs the table runs under valgrind, run here without it: each
@@ -81,6 +81,8 @@ def test_the_table_programs_check_their_events(mode: str) -> None:
     scenarios = [s for s in instructions.BODIES if s not in ("stat2", "deep")]
     if mode == "blockbuster":
         scenarios = list(instructions.BLOCKBUSTER_SCENARIOS)
+    if mode == "floor":
+        scenarios = ["stat"]  # the yardstick is measured on `os.stat` only
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--table-child", mode, "uvloop", "200", *scenarios],
         capture_output=True,
@@ -123,3 +125,7 @@ def test_every_scenario_within_its_instruction_budget() -> None:
     )
     over = instructions.over_budget(figures, budgets)
     assert not over, "over budget:\n  " + "\n  ".join(over) + f"\nall figures:\n{table}"
+    # The yardstick (benchmarks/floor_detector.py: the least a detector of
+    # `os.stat` can do) costs something, and less than aiocop.
+    stat = figures["stat-uvloop"]
+    assert 0 < stat["floor"] < stat["aiocop"], stat
