@@ -83,6 +83,7 @@ LAYERS: list[dict[str, list[str]]] = [
             "aiocop._reporting.logs",
             "aiocop._reporting.sites",
             "aiocop._reporting.timeline",
+            "aiocop._reporting.flame",
             "aiocop._reporting.exports",
             "aiocop._reporting.html_report",
             "aiocop._reporting.report_files",

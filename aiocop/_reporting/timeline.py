@@ -22,7 +22,7 @@ import aiocop
 from aiocop._common import forksafe as _forksafe
 from aiocop._common.clock import perf_counter
 from aiocop._reporting.building import step_view
-from aiocop._reporting.report import STALL, app_site, call_site, source_line
+from aiocop._reporting.report import STALL, app_site, call_site, call_weight, source_line
 
 if TYPE_CHECKING:
     from aiocop._model.events import SlowTaskEvent
@@ -144,6 +144,7 @@ def _step(n: int, end_s: float, event: SlowTaskEvent, index: dict[tuple[str, str
                 "trace": info["trace"],
                 "frames": _frames(info.get("frames", ())),
                 "app_frame": _marked(info.get("frames", ()), app_site(info)),
+                "weight": call_weight(info),  # which call a step no sample found is drawn at (`flame.py`)
             }
             for info in event.blocking_events
         ],
