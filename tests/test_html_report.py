@@ -165,8 +165,11 @@ def test_folded_stacks_one_line_per_stack(report: Path) -> None:
         assert match, line
         total += int(match.group(2))
     assert any(f"spin (planted.py:{STALL_LINE})" in line.rsplit(";", 1)[-1] for line in lines), lines
+    # Weighed in microseconds of loop time: the steps' own, the blocking call's too (issue 37).
     model = _embedded((report / "report.html").read_text(encoding="utf-8"))
-    assert total == sum(s["count"] for step in model["steps"] for s in step["samples"] if s["frames"])
+    drawn = [step for step in model["steps"] if step["flame"]]
+    assert {step["reason"] for step in drawn} == {"io_blocking", "cpu_blocking"}
+    assert total == pytest.approx(1000 * sum(step["elapsed_ms"] for step in drawn), abs=len(lines))
 
 
 def test_frame_label_keeps_the_format_whatever_the_names() -> None:
@@ -220,6 +223,9 @@ def test_speedscope_file_follows_the_published_schema(report: Path) -> None:
     for profile in document["profiles"]:
         assert len(profile["samples"]) == len(profile["weights"])
         assert all(0 <= i < len(frames) for stack in profile["samples"] for i in stack)
+        assert profile["unit"] == "milliseconds"
+        drawn_ms = sum(step["elapsed_ms"] for step in model["steps"] if step["flame"])
+        assert profile["endValue"] == pytest.approx(drawn_ms, abs=0.01)
     assert {"name": "spin", "file": str(report / "planted.py"), "line": STALL_LINE} in frames
 
 
@@ -492,6 +498,10 @@ def test_report_renders_in_headless_chromium(chromium: str, report: Path, demo_r
         browser.navigate(session, demo_report.as_uri())
         demo = json.loads(browser.evaluate(session, _INSPECT_DEMO))
         browser.screenshot(session, demo_report.with_suffix(".png"))
+        ranking = report / "ranking.html"
+        ranking.write_text(_html.render(_dumps_and_sleep()), encoding="utf-8")
+        browser.navigate(session, ranking.as_uri())
+        ranked = json.loads(browser.evaluate(session, _INSPECT_DEMO))
         problems = browser.problems()
     finally:
         browser.close()
@@ -503,6 +513,12 @@ def test_report_renders_in_headless_chromium(chromium: str, report: Path, demo_r
     demo_causes = {bar[0].split()[-1] for bar in demo["bars"] if bar[1] > 0}
     assert {"cause-blocking-call", "cause-stall"} <= demo_causes
     assert any(t.startswith(f"examples/demo_app.py:{DEMO_STALL} stats") and w > 0 for t, w in demo["frames"])
+    # Issue 37: the flame graph weighs loop time, as the table: json.dumps's 2.4 s above the sleep's 1.3 s.
+    assert ranked["rendered"] == "yes"
+    widths = {title.partition("\n")[0]: (title, width) for title, width in ranked["frames"]}
+    (dumps_title, dumps_width), (nap_title, nap_width) = widths["app.py:13 encode"], widths["app.py:19 nap"]
+    assert "2400.0 ms, 64.9%" in dumps_title and "1300.0 ms, 35.1%" in nap_title
+    assert dumps_width == pytest.approx(nap_width * 24 / 13, rel=0.02)
     assert seen["rendered"] == "yes", seen["rendered"]
     assert problems == []
     assert seen["title"].startswith("aiocop report: python -m aiocop run")  # not 'pwned'
@@ -569,21 +585,41 @@ def test_pytest_plugin_refuses_an_html_path_it_cannot_write(pytester: pytest.Pyt
     result.stderr.fnmatch_lines(["*--aiocop-html: cannot write a file in*missing*"])
 
 
-def _stall(thread: str, frames: list[tuple[str, int, str]], count: int) -> SlowTaskEvent:
-    sample = {"trace": "", "entry_point": "", "count": count, "frames": frames}
+Frames = list[tuple[str, int, str]]
+
+
+def _stall(thread: str, samples: list[tuple[Frames, int]], elapsed_ms: float = 100.0, site: str = "") -> SlowTaskEvent:
     return SlowTaskEvent(
-        100.0, 30.0, True, 0, "low", "cpu_blocking", [], cpu_stack_samples=[sample], thread_name=thread, loop="L@1"
+        elapsed_ms,
+        30.0,
+        True,
+        0,
+        "low",
+        "cpu_blocking",
+        [],
+        cpu_stack_samples=[{"trace": "", "entry_point": "", "count": n, "frames": frames} for frames, n in samples],
+        thread_name=thread,
+        loop="L@1",
+        call_site=site,
     )
 
 
-def test_speedscope_has_one_profile_per_loop_thread_and_folded_merges_them() -> None:
+def _model(*events: SlowTaskEvent) -> dict[str, Any]:
     timeline = _timeline.Timeline(Summary())
-    inner, outer = ("/app/a.py", 3, "inner"), ("/app/a.py", 9, "outer")
-    timeline(_stall("one", [inner, outer], 2))
-    timeline(_stall("two", [inner, outer], 5))
-    timeline(_stall("two", [outer], 1))
+    for event in events:
+        timeline(event)
     model = _timeline.build(timeline, _timeline.Facts("cmd", 30.0, "asyncio"))
     model["facts"]["cwd"] = "/app"
+    return model
+
+
+def test_speedscope_has_one_profile_per_loop_thread_and_folded_merges_them() -> None:
+    inner, outer = ("/app/a.py", 3, "inner"), ("/app/a.py", 9, "outer")
+    model = _model(
+        _stall("one", [([inner, outer], 2)], 120.0),
+        _stall("two", [([inner, outer], 3), ([outer], 1)], 200.0),  # 200 ms: 150 and 50, as sampled
+        _stall("two", [([outer], 1)], 40.0),
+    )
     document = _exports.speedscope(model)
     schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
     _check(document, schema, schema)
@@ -591,6 +627,46 @@ def test_speedscope_has_one_profile_per_loop_thread_and_folded_merges_them() -> 
     assert names == ["L@1 on thread one", "L@1 on thread two"]
     frames = [f["name"] for f in document["shared"]["frames"]]
     two = document["profiles"][1]
-    assert [[frames[i] for i in stack] for stack in two["samples"]] == [["outer", "inner"], ["outer"]]
-    assert two["weights"] == [5, 1] and two["endValue"] == 6
-    assert _exports.folded(model) == "outer (a.py:9) 1\nouter (a.py:9);inner (a.py:3) 7\n"
+    # In the steps' order (speedscope's time-order view), each weighing its share of its step's time.
+    assert [[frames[i] for i in stack] for stack in two["samples"]] == [["outer", "inner"], ["outer"], ["outer"]]
+    assert two["unit"] == "milliseconds" and two["weights"] == [150.0, 50.0, 40.0] and two["endValue"] == 240.0
+    assert _exports.folded(model) == "outer (a.py:9) 90000\nouter (a.py:9);inner (a.py:3) 270000\n"
+
+
+def _dumps_and_sleep() -> dict[str, Any]:
+    """2.4 s of json.dumps, sampled 3 times (it holds the GIL), then a 1.3 s sleep sampled 60 times (issue 37)."""
+    dumps = [("/lib/json/encoder.py", 258, "iterencode"), ("/lib/json/__init__.py", 231, "dumps")]
+    encode, nap = ("/app/app.py", 13, "encode"), ("/app/app.py", 19, "nap")
+    sleep: Any = {"event": "time.sleep(1.3)", "trace": "", "entry_point": "/app/app.py:19:nap", "severity": 50}
+    return _model(
+        _stall("main", [([*dumps, encode], 3)], 2400.0, "/app/app.py:13:encode"),
+        SlowTaskEvent(
+            1300.0,
+            30.0,
+            True,
+            50,
+            "high",
+            "io_blocking",
+            [{**sleep, "frames": [nap]}],
+            cpu_stack_samples=[{"trace": "", "entry_point": "", "count": 60, "frames": [nap]}],
+            thread_name="main",
+            loop="L@1",
+        ),
+    )
+
+
+def test_every_picture_ranks_steps_by_loop_time_not_samples() -> None:
+    model = _dumps_and_sleep()
+    table = [row["call_site"] for row in model["summary"]["call_sites"]]
+    assert table == ["/app/app.py:13:encode", "/app/app.py:19:nap"]
+    ranked = sorted(_exports.folded(model).splitlines(), key=lambda line: -int(line.rpartition(" ")[2]))
+    assert [line.rpartition(" ")[2] for line in ranked] == ["2400000", "1300000"]
+    assert ranked[0].startswith("encode (app.py:13);dumps")
+    (profile,) = _exports.speedscope(model)["profiles"]
+    assert profile["weights"] == [2400.0, 1300.0]
+    # The page adds up what aiocop weighed: the stacks of its steps, in ms.
+    steps = _html.page_data(model)["steps"]
+    assert [step["flame"] for step in steps] == [
+        [{"from": "samples", "index": 0, "ms": 2400.0}],
+        [{"from": "samples", "index": 0, "ms": 1300.0}],
+    ]

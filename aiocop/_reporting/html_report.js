@@ -120,7 +120,7 @@
     if (!mine.length) td.append(el("div", { class: "muted" }, "Example trace: " + row.example_trace));
     for (const step of mine.slice(0, 20)) td.append(stepDetail(step, row));
     if (mine.length > 20) td.append(el("div", { class: "muted" }, `... and ${mine.length - 20} more step(s)`));
-    if (mine.some((s) => s.samples.length)) {
+    if (mine.some((s) => s.flame.length)) {
       const button = el("button", { type: "button" }, "Flame graph of this call site");
       button.addEventListener("click", () => { scope.value = String(i); drawFlame(null); flameBox.scrollIntoView(); });
       td.append(button);
@@ -189,22 +189,25 @@
   const scope = document.getElementById("flame-scope"), flameBox = document.getElementById("flame");
   scope.append(el("option", { value: "all" }, "the whole run"));
   rows.forEach((r, i) => {
-    if (stepsOf(i).some((s) => s.samples.length)) scope.append(el("option", { value: String(i) }, r.call_site));
+    if (stepsOf(i).some((s) => s.flame.length)) scope.append(el("option", { value: String(i) }, r.call_site));
   });
+  // Each step's stacks weigh the loop time it took (weighed by aiocop: step.flame), not its sample counts:
+  // C code holding the GIL is sampled a few times however long it runs, a sleep at every look.
   function tree(selected) {
-    const top = { name: "all samples", full: "all samples", value: 0, children: new Map(), parent: null, app: false };
-    for (const s of selected) for (const sample of s.samples) {
+    const top = { name: "all steps", full: "all steps", value: 0, children: new Map(), parent: null, app: false };
+    for (const s of selected) for (const weighed of s.flame) {
+      const stack = s[weighed.from][weighed.index];
       let node = top;
-      top.value += sample.count;
-      for (let j = sample.frames.length - 1; j >= 0; j--) {
-        const key = frameText(sample.frames[j]);
+      top.value += weighed.ms;
+      for (let j = stack.frames.length - 1; j >= 0; j--) {
+        const key = frameText(stack.frames[j]);
         let child = node.children.get(key);
         if (!child) {
-          child = { name: flameLabel(sample.frames[j]), full: key, value: 0, children: new Map(), parent: node, app: false };
+          child = { name: flameLabel(stack.frames[j]), full: key, value: 0, children: new Map(), parent: node, app: false };
           node.children.set(key, child);
         }
-        child.value += sample.count;
-        child.app = child.app || j === sample.app_frame;
+        child.value += weighed.ms;
+        child.app = child.app || j === stack.app_frame;
         node = child;
       }
     }
@@ -237,7 +240,7 @@
         fill: node.parent === null ? "#bbb" : `hsl(${hue}, 80%, ${node.app ? 72 : 62}%)`,
       });
       const share = (100 * node.value / (chain[0] || top).value).toFixed(1);
-      rect.append(svg("title", {}, `${node.full}\n${node.value} sample(s), ${share}%` + (node.app ? "\nthe application's code" : "")));
+      rect.append(svg("title", {}, `${node.full}\n${ms(node.value)} ms, ${share}%` + (node.app ? "\nthe application's code" : "")));
       rect.addEventListener("click", () => drawFlame(node === top && node.parent ? node.parent : node));
       g.append(rect);
       if (width > 40) {
@@ -246,7 +249,7 @@
       }
       root.append(g);
     }
-    flameBox.replaceChildren(top.value ? root : el("p", { class: "muted" }, "No stack samples: no stall was seen."));
+    flameBox.replaceChildren(top.value ? root : el("p", { class: "muted" }, "No stacks to draw: no step was seen holding a loop."));
   }
   scope.addEventListener("change", () => drawFlame(null));
   document.getElementById("flame-reset").addEventListener("click", () => drawFlame(null));
