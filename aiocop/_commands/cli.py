@@ -223,15 +223,18 @@ def _add_picture_files(run: argparse.ArgumentParser) -> None:
         "--html",
         metavar="FILE",
         help="also write a self-contained HTML report: the call sites with their traces, a timeline of the "
-        "steps that held each loop, and flame graphs of the stall samples",
+        "steps that held each loop, and flame graphs of their stacks weighed in loop time",
     )
     run.add_argument(
         "--speedscope",
         metavar="FILE",
-        help="also write the stall samples in speedscope's JSON format, one profile per loop thread",
+        help="also write the stacks of the steps that held each loop in speedscope's JSON format, one profile per "
+        "loop thread, weighed in milliseconds of loop time",
     )
     run.add_argument(
-        "--folded", metavar="FILE", help="also write the stall samples as folded stacks (flamegraph.pl, inferno)"
+        "--folded",
+        metavar="FILE",
+        help="also write those stacks as folded stacks weighed in microseconds of loop time (flamegraph.pl, inferno)",
     )
 
 

@@ -203,7 +203,7 @@ def add_options(parser: pytest.Parser) -> None:
         dest="aiocop_html",
         metavar="FILE",
         help="write one self-contained HTML report of the session: the call sites with their traces, a timeline "
-        "of the steps that held a loop, flame graphs of the stall samples",
+        "of the steps that held a loop, flame graphs of their stacks weighed in loop time",
     )
     # Unset ini keys read as None: then [tool.aiocop] in pyproject.toml, then the default.
     parser.addini("aiocop", type="bool", default=False, help="switch the aiocop plugin on (see --aiocop)")
