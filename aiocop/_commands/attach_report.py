@@ -351,7 +351,7 @@ def _index(value: object, where: str, rows: int) -> int:
 def _call(document: object, where: str) -> dict[str, Any]:
     fields = _Fields(document, where)
     frames = fields.list("frames", MAX_FRAMES, _frame)
-    return {
+    call = {
         "event": fields.string("event", _LINE),
         "app_site": fields.string("app_site", _LINE),
         "entry_point": fields.string("entry_point", _LINE),
@@ -359,10 +359,12 @@ def _call(document: object, where: str) -> dict[str, Any]:
         "trace": fields.string("trace", _TRACE),
         "frames": frames,
         "app_frame": fields.integer("app_frame", -1, len(frames) - 1),
-        # Absent from the report of a target whose own aiocop is older: its
-        # flame graphs then draw a step no sample found at its first call.
-        "weight": fields.count("weight") if "weight" in fields.document else 0,
     }
+    # Absent from the report of a target whose own aiocop is older: the
+    # flame graphs then draw a step no sample found at its first call.
+    if "weight" in fields.document:
+        call["weight"] = fields.count("weight")
+    return call
 
 
 def _sample(document: object, where: str) -> dict[str, Any]:
