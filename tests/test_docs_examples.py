@@ -249,7 +249,10 @@ def test_framework_example_under_uvicorn(framework: str) -> None:
     assert [(e["http_path"], e["calls"]) for e in events] == [("/readme", ["open"])], output
 
 
-def _get_when_up(url: str, server: subprocess.Popen[str], timeout: float = 20.0) -> httpx.Response:
+# A server's start-up imports its framework: seconds, or tens of seconds on a
+# starved machine (litestar under uvicorn took over 20 s in CI at load 10);
+# well inside pytest's own 180 s.
+def _get_when_up(url: str, server: subprocess.Popen[str], timeout: float = 90.0) -> httpx.Response:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -230,15 +231,20 @@ def test_logging_never_blocks_detection_of_the_next_step(detector: Collector, lo
     assert detector.names() == ["os.stat"] * 3
 
 
-def run_example(name: str) -> str:
-    result = subprocess.run(
+def run_example(name: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, f"examples/{name}"], capture_output=True, text=True, cwd=ROOT, timeout=60, check=True
     )
-    return result.stdout + result.stderr
+
+
+# What aiocop may add on a starved machine, which is no part of an example's
+# output: its callback, starved of the CPU, took long enough to be named.
+SLOW_CALLBACK = re.compile(r"aiocop: slow-task callback .* ran for \d+ ms on the event loop's thread, .*Logged once\.")
 
 
 def test_logging_example_runs_as_documented() -> None:
-    lines = run_example("log_with_logging.py").splitlines()
+    done = run_example("log_with_logging.py")
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if not SLOW_CALLBACK.fullmatch(line)]
     headlines = [line for line in lines if line.startswith("WARNING aiocop.events aiocop:")]
     assert len(headlines) == 3, lines
     first_open, sleep, later_open = headlines
@@ -250,7 +256,11 @@ def test_logging_example_runs_as_documented() -> None:
 
 
 def test_structlog_example_runs_as_documented() -> None:
-    entries = [json.loads(line) for line in run_example("log_with_structlog.py").splitlines()]
+    done = run_example("log_with_structlog.py")
+    # structlog's entries on stdout; on stderr at most the warning of a
+    # callback a busy machine slowed (seen in CI, load 10 on two cores).
+    assert all(SLOW_CALLBACK.fullmatch(line) for line in done.stderr.splitlines()), done.stderr
+    entries = [json.loads(line) for line in done.stdout.splitlines()]
     assert [(e["event"], e["blocking_event"], e["http_path"], e["level"]) for e in entries] == [
         ("aiocop.blocking_call", "os.stat", "/items", "warning")
     ], "three requests, one call site: one entry"
