@@ -253,7 +253,7 @@ class AiocopMiddleware:
         # Registered here rather than once at start-up, so that it comes back
         # if someone clears the providers (a test's teardown, say): a tuple
         # scan, on sampled requests only.
-        if _request_context not in _callbacks._providers:
+        if _request_context not in _callbacks.providers:
             _callbacks.register_context_provider(_request_context)
         # The context is monitored already (checked above): only the request
         # needs setting, for the provider and the tasks the request starts.

@@ -757,9 +757,9 @@ def test_hang_context_runs_providers_only_for_a_step_with_no_blocking_call(
 ) -> None:
     task = StalledTask(None, contextvars.Context(), True)
     hang = _hangs.Hang(watch_of(), task, (), False, 1.0, 1, None, False, "", "", "")
-    monkeypatch.setattr(_callbacks, "_providers", ())
+    monkeypatch.setattr(_callbacks, "providers", ())
     assert _hangs._context(hang) == {}
-    monkeypatch.setattr(_callbacks, "_providers", (lambda: {"request": "r1"},))
+    monkeypatch.setattr(_callbacks, "providers", (lambda: {"request": "r1"},))
     assert _hangs._context(hang) == {"request": "r1"}
     hang.provided = {"request": "r0"}
     assert _hangs._context(hang) == {"request": "r0"}  # what they returned at the step's first blocking call

@@ -175,7 +175,7 @@ def audit_hook(event: str, args: tuple[Any, ...], _lookup: Callable[[str], _Rule
     state.busy = True
     try:
         captured = _capture(event, args, rule.weight, loop, state)
-        if _callbacks._call_observers and captured is not None and captured is not _DROPPED:
+        if _callbacks.call_observers and captured is not None and captured is not _DROPPED:
             _callbacks.observe_call(captured)
     except Exception:
         captured = None
@@ -509,7 +509,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
         group.thread_id = state.thread_id
         group.thread_name = state.thread_name
         group.context = copy_context()
-        if _callbacks._providers:
+        if _callbacks.providers:
             group.provided = _callbacks.capture_context()  # under `busy`: their own calls are not the app's
         group.records = []
         group.t_first = now

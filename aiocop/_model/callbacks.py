@@ -23,7 +23,10 @@ logger = logging.getLogger("aiocop")
 # Replaced, never mutated, so a delivery iterating over them is unaffected by
 # a callback that (un)registers callbacks.
 _callbacks: tuple[SlowTaskCallback, ...] = ()
-_providers: tuple[ContextProvider, ...] = ()
+providers: tuple[ContextProvider, ...] = ()
+"""The registered context providers, in order. Read, never assigned, outside this module: the hook, delivery
+and hang reports call `capture_context()` only when there is a provider; `aiocop.asgi` registers its request
+provider again when it is gone."""
 # aiocop's own listeners (the OpenTelemetry instrumentor's metrics): told of
 # every event after the application's callbacks, in the same context, but
 # neither listed by registered() nor removed by clear_slow_task_callbacks(),
@@ -45,22 +48,24 @@ def _update_listeners() -> None:
 # the hook's raw record (`_hook.Record`), while the hook ignores the
 # observer's own calls.
 CallObserver = Callable[[Any], None]
-_call_observers: tuple[CallObserver, ...] = ()
+call_observers: tuple[CallObserver, ...] = ()
+"""The call observers (`add_call_observer`). Read (never assigned) by the audit hook, which tells them of a
+recorded call only if there is one: a truth test of this tuple on the hot path, no call."""
 
 
 def add_call_observer(observer: CallObserver) -> None:
-    global _call_observers
-    if observer not in _call_observers:
-        _call_observers = (*_call_observers, observer)
+    global call_observers
+    if observer not in call_observers:
+        call_observers = (*call_observers, observer)
 
 
 def remove_call_observer(observer: CallObserver) -> None:
-    global _call_observers
-    _call_observers = tuple(o for o in _call_observers if o != observer)
+    global call_observers
+    call_observers = tuple(o for o in call_observers if o != observer)
 
 
 def observe_call(record: Any) -> None:
-    for observer in _call_observers:
+    for observer in call_observers:
         try:
             observer(record)
         except Exception as error:
@@ -124,23 +129,23 @@ def register_context_provider(provider: ContextProvider) -> None:
     a provider reading the current tracing span or request id sees the
     offending request's.
     """
-    global _providers
+    global providers
     check_callable("provider", provider, 0)
-    if provider not in _providers:
-        _providers = (*_providers, provider)
+    if provider not in providers:
+        providers = (*providers, provider)
 
 
 def unregister_context_provider(provider: ContextProvider) -> None:
     """Remove a context provider."""
-    global _providers
-    _providers = tuple(p for p in _providers if p != provider)
+    global providers
+    providers = tuple(p for p in providers if p != provider)
     _forget_removed()
 
 
 def clear_context_providers() -> None:
     """Remove every context provider."""
-    global _providers
-    _providers = ()
+    global providers
+    providers = ()
     _forget_removed()
 
 
@@ -163,7 +168,7 @@ def _first_time(what: str, func: object) -> bool:
 
 def _forget_removed() -> None:
     # Registered again later, a callback is logged afresh.
-    registered = (*_listeners, *_providers)
+    registered = (*_listeners, *providers)
     _logged[:] = [(kind, f) for kind, f in _logged if any(f is r for r in registered)]
 
 
@@ -210,7 +215,7 @@ def _contain(error: BaseException, func: object, what: str) -> KeyboardInterrupt
 def capture_context() -> dict[str, Any]:
     context: dict[str, Any] = {}
     interrupted: KeyboardInterrupt | None = None
-    for provider in _providers:
+    for provider in providers:
         start = perf_counter()
         try:
             value = provider()

@@ -70,7 +70,7 @@ def _deliver(group: StepGroup, origin: _building.Origin) -> None:
         if group.imports:
             _harmless.note_failed_imports(group.records)
         provided = group.provided
-        if provided is None and _callbacks._providers:
+        if provided is None and _callbacks.providers:
             provided = _callbacks.capture_context()  # providers registered after the step's first call
         # _building.lazy_event, inline (once per step, on the loop's thread). The task
         # itself stands for its name while the callbacks run: get_name()

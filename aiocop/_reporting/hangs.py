@@ -274,7 +274,7 @@ def _context(hang: Hang) -> dict[str, Any]:
     # one that asks asyncio for the current task or loop finds none here.
     if hang.provided is not None:
         return dict(hang.provided)
-    if hang.found_group or not _callbacks._providers:
+    if hang.found_group or not _callbacks.providers:
         return {}
     return hang.task.context.copy().run(_callbacks.capture_context)
 
