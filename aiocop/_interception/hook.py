@@ -179,7 +179,7 @@ def audit_hook(event: str, args: tuple[Any, ...], _lookup: Callable[[str], _Rule
             _callbacks.observe_call(captured)
     except Exception:
         captured = None
-        _internal_error()
+        internal_error()
     finally:
         state.busy = False
     if (
@@ -315,9 +315,13 @@ register_loop: Callable[[AbstractEventLoop, FrameType | None], None] | None = No
 _internal_errors = 0
 
 
-def _internal_error(what: str = "recording a blocking call") -> None:
-    # aiocop must never break the application: log the first few failures
-    # and carry on without the event.
+def internal_error(what: str = "recording a blocking call") -> None:
+    """Log that aiocop itself failed while doing `what` (the first three failures of the process), and go on.
+
+    aiocop must never break the application: the hook, and delivery (`_reporting.delivery`, the delivery
+    thread of `_reporting.worker`), call this from the handler that contains their own failure, and carry
+    on without the event; one count for the process, so that a failure repeated everywhere logs three times.
+    """
     global _internal_errors
     _internal_errors += 1
     if _internal_errors <= 3:
@@ -658,7 +662,7 @@ def _on_loop_boundary() -> None:
         try:
             orphan_handler(orphans, True)
         except Exception:
-            _internal_error()
+            internal_error()
         finally:
             state.busy = False
 

@@ -79,7 +79,7 @@ def _deliver(group: StepGroup, origin: _building.Origin) -> None:
         event = _new_object(SlowTaskEvent)
         _set_attribute(event, "_resolve", (_step_fields, origin, group, provided, task, "io_blocking"))
     except Exception:
-        _hook._internal_error("delivering an event")
+        _hook.internal_error("delivering an event")
         return
     finally:
         # The event keeps the group for its fields: not what the group holds
@@ -261,7 +261,7 @@ def _report_stall(stall: Stall) -> None:
         try:
             _callbacks.invoke_callbacks(_building.build_stall_event(stall, task, _callbacks.capture_context()))
         except Exception:
-            _hook._internal_error("delivering a stall")
+            _hook.internal_error("delivering a stall")
         finally:
             state.busy = was_busy
 

@@ -167,7 +167,7 @@ class Worker:
                 try:
                     self._handle(step)
                 except BaseException:  # this thread must outlive anything a delivery raises
-                    _hook._internal_error("delivering off the loop")
+                    _hook.internal_error("delivering off the loop")
                 finally:
                     with self._lock:
                         self._handled += 1
