@@ -114,7 +114,7 @@ def settle() -> None:
             if not group.t_end:
                 group.t_end = perf_counter()
             if task is not None and group.key is task:
-                _delivery._take_stall(group)
+                _delivery.take_stall(group)
         group.context.copy().run(_delivery.deliver_now, group)
 
 
@@ -140,7 +140,7 @@ def _through_running_loops() -> None:
     deadline = perf_counter() + _THROUGH_LOOPS_S
     for loop, done in passed:
         # In short waits (the C method: no wrapper): a loop that stops first never runs it.
-        while not _watchdog._acquire(done, True, 0.001) and loop.is_running() and perf_counter() < deadline:
+        while not _forksafe.acquire(done, True, 0.001) and loop.is_running() and perf_counter() < deadline:
             pass
 
 

@@ -186,8 +186,13 @@ def _claim(batch: list[StepGroup]) -> list[StepGroup]:
 _acquire, _release = _forksafe.acquire, _forksafe.release
 
 
-def _take_stall(group: StepGroup) -> None:
-    """`group`'s share of the watchdog's view of its step, as a delivery takes it (under merge_lock)."""
+def take_stall(group: StepGroup) -> None:
+    """`group`'s share of the watchdog's view of its step, as a delivery takes it (under merge_lock).
+
+    For a delivery made outside this module: the pytest plugin's `settle()` (`_pytest_support.events`),
+    which delivers the running task's own step from inside it, claims the group as `_claim` does and must
+    take the stall with it, or the step would be reported twice (its event, and the watchdog's stall).
+    """
     watch = _loops.watches.get(group.thread_id)
     if watch is None:
         return
