@@ -304,10 +304,10 @@ def _forget(settings: dict[str, Any], *, can_forget: bool) -> bool:
     had = set(settings["modules_before"])
     idle = not _state.started and not _watchdog.watchdog.running
     if "aiocop._api" not in had and idle:
-        atexit.unregister(_api._at_exit)
+        _api.unregister_at_exit()
     if "aiocop._reporting.delivery" not in had and idle:
         atexit.unregister(_delivery.drain)
-        _delivery._worker.shutdown()
+        _delivery.shut_down_worker()
     for name in [n for n in sys.modules if (n == "aiocop" or n.startswith("aiocop.")) and n not in had]:
         del sys.modules[name]
         package, _, attribute = name.rpartition(".")

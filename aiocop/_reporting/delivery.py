@@ -378,6 +378,15 @@ def drain() -> None:
     _worker.drain()
 
 
+def shut_down_worker() -> None:
+    """End the delivery thread once what is queued has been handled.
+
+    For the attach agent (`_commands.attach_agent`), leaving a target whose aiocop it loaded itself: the
+    modules go, and must leave no thread of theirs behind.
+    """
+    _worker.shutdown()
+
+
 _hook.flush_callback = flush
 _watchdog.report_stall = _report_stall
 _watchdog.attach_to_io = _attach_to_io
