@@ -138,6 +138,14 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts}
 
 
+def _imported_from(package: str, node: ast.ImportFrom) -> str:
+    """The module a `from ... import` names, relative imports resolved against `package`."""
+    if node.level:
+        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        return ".".join([*base, *([node.module] if node.module else [])])
+    return node.module or ""
+
+
 class _Imports(ast.NodeVisitor):
     """Every import of an aiocop module: (target, inside a function, only while type checking)."""
 
@@ -177,11 +185,7 @@ class _Imports(ast.NodeVisitor):
             self._add(alias.name)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        if node.level:
-            base = self.package.split(".")[: len(self.package.split(".")) - (node.level - 1)]
-            module = ".".join([*base, *([node.module] if node.module else [])])
-        else:
-            module = node.module or ""
+        module = _imported_from(self.package, node)
         for alias in node.names:
             self._add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in self.known else module)
 
@@ -331,6 +335,55 @@ def test_each_private_subpackage_is_one_part_and_says_what_it_may_import() -> No
         named = set() if said.group(1) == "nothing of aiocop" else set(re.split(r",\s*", said.group(1).strip()))
         below = {part for part, index in layer_of.items() if index < layer_of[package] and part != "aiocop._version"}
         assert named == below, f"{package} says it may import {sorted(named)}; the layers below are {sorted(below)}"
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_names_of_other_parts() -> list[str]:
+    """Every use of a private name (`_x`) of a module of another part: `alias._x`, or `from module import _x`.
+
+    `alias` is a name bound by an import of an aiocop module anywhere in the module (`from aiocop._reporting
+    import delivery as _delivery`, `import aiocop._api as api`), or the module's dotted name itself
+    (`aiocop._api._x`). A module's private names are its own part's business: another part gets a name
+    without the underscore, whose docstring says who uses it and why.
+    """
+    modules = _modules()
+    part_of = _part_of()
+    found: list[tuple[Path, int, str]] = []
+    for module, path in modules.items():
+        here = part_of.get(module)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        where = path.relative_to(ROOT)
+        aliases: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                aliases.update({a.asname: a.name for a in node.names if a.asname and a.name in modules})
+            elif isinstance(node, ast.ImportFrom):
+                source = _imported_from(package, node)
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in modules:
+                        aliases[alias.asname or alias.name] = f"{source}.{alias.name}"
+                    elif source in modules and _is_private(alias.name) and part_of.get(source) != here:
+                        found.append((where, node.lineno, f"imports {alias.name}, private to {source}"))
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+                continue
+            named = ast.unparse(node.value)
+            target = aliases.get(named) if isinstance(node.value, ast.Name) else named
+            if target in modules and part_of.get(target) != here:
+                found.append((where, node.lineno, f"uses {named}.{node.attr}, private to {target}"))
+    return [f"{where}:{line}: {what}" for where, line, what in sorted(found)]
+
+
+def test_no_private_name_is_used_across_parts() -> None:
+    found = _private_names_of_other_parts()
+    assert not found, (
+        "private names of another part's module (give the name a public one in its module, with a docstring "
+        "saying who uses it and why):\n  " + "\n  ".join(found)
+    )
 
 
 def render_parts() -> str:
