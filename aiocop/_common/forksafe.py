@@ -40,13 +40,6 @@ def lock() -> threading.Lock:
     return new
 
 
-def rlock() -> threading.RLock:
-    """A `threading.RLock` that is unlocked again in a forked child."""
-    new = threading.RLock()
-    _locks.add(new)
-    return new
-
-
 def held() -> list[Any]:
     """Every live lock made here (for the tests)."""
     return list(_locks)

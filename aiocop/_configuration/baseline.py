@@ -45,14 +45,6 @@ def stall_key(event: SlowTaskEvent) -> Key:
     return (STALL, site_key(call_site(event)))
 
 
-def event_keys(event: SlowTaskEvent) -> list[Key]:
-    """Every baseline key of an event: its calls', and its stall's for a stall event."""
-    keys = call_keys(event)
-    if event.reason == "cpu_blocking":
-        keys.append(stall_key(event))
-    return keys
-
-
 # A baseline holds a line per call site: this much is tens of thousands of them.
 MAX_BYTES = 16 * 1024 * 1024
 # A baseline is three levels deep (document, list, entry); a little room beyond.

@@ -247,10 +247,6 @@ def _rules_changed() -> None:
     _generation += 1
 
 
-def global_rules() -> tuple[AllowRule, ...]:
-    return _global_rules
-
-
 def add_allow_rule(
     *events: str | AllowRule,
     module: str | None = None,
