@@ -10,7 +10,7 @@
 - `loops`: which threads run an event loop now, and each loop's watch: the hook records each call on
   its loop's watch, and the watchdog reads them.
 
-The wrappers reach the hook through the hook function `wrappers` keeps, set when the patches are applied.
+The wrappers reach the hook through the hook function `wrappers` keeps, handed over by `hook.install()`.
 
 May import: aiocop._common, aiocop._model.
 """

@@ -685,8 +685,9 @@ _installed = False
 
 
 def install() -> None:
-    """Add the audit hook once per process (audit hooks cannot be removed)."""
+    """Add the audit hook once per process (audit hooks cannot be removed), and hand it to the wrappers."""
     global _installed
+    _wrappers.use_audit_hook(audit_hook)
     if not _installed:
         sys.addaudithook(audit_hook)
         _installed = True

@@ -138,9 +138,20 @@ def _no_hook(event: str, args: tuple[Any, ...]) -> None:
 
 # aiocop's audit hook, called directly by the wrappers rather than through
 # sys.audit: the events they raise are aiocop's own business, and other audit
-# hooks (a sandbox denying os.*) must see exactly what CPython raises. Set by
-# patch_audit_functions; a direct call adds no frame that sys.audit did not.
+# hooks (a sandbox denying os.*) must see exactly what CPython raises. Handed
+# over by the hook (use_audit_hook) when it is installed; until then there is
+# no detection for it to do. A direct call adds no frame that sys.audit did not.
 _audit_hook: Callable[[str, tuple[Any, ...]], None] = _no_hook
+
+
+def use_audit_hook(hook: Callable[[str, tuple[Any, ...]], None]) -> None:
+    """Make `hook` the function every wrapper calls with its event.
+
+    Called by `hook.install()`, when detection starts: the hook module imports this one (for the globals of
+    the wrappers' frames), so this one takes the hook as an argument rather than importing it back.
+    """
+    global _audit_hook
+    _audit_hook = hook
 
 
 def _may_wait(timeout: Any) -> bool:
@@ -515,11 +526,8 @@ def patch_audit_functions(exclude: Iterable[str] = ()) -> None:
 
 
 def _apply(excluded: frozenset[str]) -> None:
-    global _applied_exclusions, _audit_hook
+    global _applied_exclusions
     _applied_exclusions = excluded
-    from aiocop._interception.hook import audit_hook  # noqa: PLC0415 - _hook imports this module
-
-    _audit_hook = audit_hook
     for target in PATCH_TARGETS:
         if target.name in excluded or (target.until is not None and sys.version_info >= target.until):
             continue
