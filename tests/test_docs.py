@@ -96,3 +96,40 @@ def test_every_run_option_is_in_the_cli_pages_options_table() -> None:
     options = {opt for action in run._actions for opt in action.option_strings if opt.startswith("--")}
     missing = sorted(opt for opt in options - {"--help"} if f"`{opt}" not in table and f"`{opt} " not in table)
     assert not missing, f"run options missing from docs/how-to/cli.md's options table: {missing}"
+
+
+def test_the_quick_start_installs_this_version_not_the_one_on_pypi() -> None:
+    # `pip install aiocop` installs 1.2.1 from PyPI, on which `python -m aiocop
+    # run` fails: the quick start installed it (issue 38). Every install line
+    # of its first step names a clone, and the page says why and how to check.
+    import shlex
+
+    page = (ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8")
+    install = page.split("## 1. Install", 1)[1].split("\n## ", 1)[0]
+    commands = [line.split("#", 1)[0] for line in install.splitlines() if line.startswith("pip install")]
+    assert commands, "no install command in the quick start's first step"
+    for command in commands:
+        names = [arg for arg in shlex.split(command)[2:] if not arg.startswith("-")]
+        from_pypi = [name for name in names if re.fullmatch(r"aiocop(\[[\w,]*\])?", name)]
+        assert not from_pypi, f"installs {from_pypi} from PyPI (1.2.1 there): {command}"
+    prose = " ".join(install.split())
+    assert "`pip install aiocop` installs 1.2.1" in prose
+    assert "aiocop.__version__" in prose
+
+
+def test_the_docs_theme_fetches_no_web_fonts() -> None:
+    # Material's default is Google's web fonts, fetched by every page of the
+    # site (it worked offline only through the fallback font): the system's
+    # fonts instead (issue 38).
+    mkdocs_yml = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    theme = re.search(r"^theme:\n((?:(?: .*)?\n)*)", mkdocs_yml, re.MULTILINE)
+    assert theme and re.search(r"^  font: false$", theme.group(1), re.MULTILINE), "mkdocs.yml: no theme.font: false"
+    # With the docs tools installed: what the theme writes into each page's head.
+    mkdocs_config = pytest.importorskip("mkdocs.config")
+    pytest.importorskip("material")
+    config = mkdocs_config.load_config(str(ROOT / "mkdocs.yml"))
+    assert config.theme.name == "material" and not config.theme.custom_dir
+    base = config.theme.get_env().get_template("base.html")
+    fonts = "".join(base.blocks["fonts"](base.new_context({"config": config})))
+    assert "fonts.googleapis.com" not in fonts and "fonts.gstatic.com" not in fonts, fonts
+    assert not [path for path in config.extra_css if "://" in path]
