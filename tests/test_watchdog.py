@@ -23,6 +23,7 @@ from aiocop._stalls import settings as _settings
 from aiocop._stalls import watchdog as _watchdog
 from tests import stalls
 from tests.conftest import (
+    SLOW_CALLBACK_WARNING,
     Collector,
     _loop_param,
     loop_factory,
@@ -608,7 +609,8 @@ def test_interpreter_shutdown_with_the_watchdog_running() -> None:
             check=False,
         )
         assert out.returncode == 0, out.stderr
-        assert out.stderr == "", out.stderr
+        # Nothing on stderr but, on a starved machine, the note of a callback that ran long.
+        assert all(SLOW_CALLBACK_WARNING.fullmatch(line) for line in out.stderr.splitlines()), out.stderr
         assert out.stdout.split() in (["io_blocking"], []), out.stdout
 
 
