@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import logging
 import sys
+import threading
 from collections import deque
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -32,7 +34,7 @@ from aiocop._stalls import stacks as _stacks
 from aiocop._stalls import timing as _timing
 from aiocop._stalls import tripwire as _tripwire
 from aiocop._stalls import watchdog as _watchdog
-from aiocop._stalls.attribution import Stall, StalledTask
+from aiocop._stalls.attribution import Stall, StalledTask, _line
 from aiocop._stalls.settings import sampling
 from aiocop._stalls.timing import Step
 from tests.scripted import Frames, StubLoop, asyncio_frames, c_loop_frames, watch_of
@@ -1264,3 +1266,89 @@ def test_gil_held_step_that_runs_on_hangs_after_hang_after_more(rec: Recorded, f
         looks.at(101.500 + k * 0.125, 2.4996, a)
     assert [age for _, age, _ in rec.hangs] == [near(1.0)]  # (ages from the first sighting, 101.5)
     assert rec.hangs[0][2] == near(2.4995)  # it had run that long, from 100.0005
+
+
+class MovingLoop:
+    """A loop's thread that runs on, from the call at `held_line` to `await_line`, when `run_on()` is called.
+
+    The stand-in for a read that lets go of the GIL: the loop's thread, whose
+    C call handed the GIL over as it returned, takes it back and finishes the
+    step. Driven by events, not by time: the thread is at one line, then at
+    the other, whatever the machine's load. (The one test here with a thread.)
+    """
+
+    def __init__(self) -> None:
+        self.at_call = threading.Event()
+        self.go = threading.Event()
+        self.moved = threading.Event()
+        self.done = threading.Event()
+        self.frames: dict[str, FrameType] = {}
+        self.thread = threading.Thread(target=self.run_forever, name="moving-loop")
+
+    def run_forever(self) -> None:  # stands for the frame that called into a loop written in C
+        self.frames["base"] = sys._getframe()
+        self.step()
+
+    def step(self) -> None:
+        self.held()  # HELD LINE
+        self.moved.set()  # (the step went on: its callee returned, it is at the next line)
+        self.done.wait(10.0)  # AWAIT LINE
+
+    def held(self) -> None:
+        self.at_call.set()
+        self.go.wait(10.0)
+
+    def run_on(self) -> None:
+        self.go.set()
+        assert self.moved.wait(10.0)
+
+    def line_of(self, marker: str) -> int:
+        lines, first = inspect.getsourcelines(MovingLoop.step)
+        return first + next(i for i, line in enumerate(lines) if marker in line)
+
+    def __enter__(self) -> MovingLoop:
+        self.thread.start()
+        assert self.at_call.wait(10.0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.go.set()
+        self.done.set()
+        self.thread.join(10.0)
+
+
+@pytest.mark.parametrize("read", ["own-scheduling", "queued"])
+def test_a_late_looks_sample_is_the_stack_the_loop_had_at_the_look(
+    rec: Recorded, monkeypatch: pytest.MonkeyPatch, read: str
+) -> None:
+    """The look that first sees a held step reads what lets go of the GIL (the watchdog's schedstat, the
+    loop thread's): the loop's thread, handed the GIL back, finishes its step meanwhile. The sample is the
+    stack the look saw, at the calling line, not a walk of the returned frames made after (their callers
+    had moved on: the stall was placed at the next line, one run in three, issue 37)."""
+    with MovingLoop() as loop_thread:
+        innermost = sys._current_frames()[loop_thread.thread.ident]  # type: ignore[index]
+
+        class Told:
+            def since(self) -> tuple[float, int]:
+                if read == "own-scheduling":
+                    loop_thread.run_on()
+                return (0.0, 60)  # woke every switch interval: waiting for the GIL
+
+        def queued(watch: object) -> float | None:
+            if read == "queued":
+                loop_thread.run_on()
+            return None
+
+        monkeypatch.setattr(_watchdog, "_queued", queued)
+        base = loop_thread.frames["base"]
+        looks = Looks(watch_of(StubLoop(), base))
+        looks.dog._own = Told()  # type: ignore[assignment]
+        looks.at(100.000, 1.000, base)
+        looks.dog._due, looks.dog._proc_ran, looks.dog._kept_read = 100.004, 0.3005, False
+        assert looks.at(100.300, 1.2995, innermost)
+        assert loop_thread.moved.is_set()  # (the read ran the loop on)
+        assert looks.step.held and looks.step.stalled
+        [stack] = looks.step.samples
+        lines = {code.co_name: _line(code, lasti) for code, lasti in stack}
+        assert lines["step"] == loop_thread.line_of("# HELD LINE"), (lines, loop_thread.line_of("# AWAIT LINE"))
+        assert "held" in lines  # (the callee, as it was: the frames a walk after the move found returned)

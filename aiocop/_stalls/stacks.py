@@ -136,25 +136,38 @@ _ENTRY_OPS = frozenset(
 )
 
 
-def sample(
-    step: Step, innermost: FrameType, watch: LoopWatch, now: float, cpu: float | None, queued: float | None = None
-) -> None:
-    step.next_sample = now + sampling.interval_ms / 1000.0
-    if sum(step.samples.values()) >= sampling.max_samples_per_slice:
-        return
+def stack_of(innermost: FrameType, root: FrameType) -> tuple[tuple[CodeType, int], ...]:
+    """The step's frames from `innermost` up to its `root`, innermost first: a sample, not yet counted.
+
+    Walked while the look holds the GIL it took the snapshot under: each
+    frame's last instruction is read now, and a frame the loop's thread has
+    returned from since keeps the one it returned at, under callers that
+    have moved on (`Watchdog._poll_one` walks before any read that lets go).
+    """
     frames: list[tuple[CodeType, int]] = []
     f: FrameType | None = innermost
     while f is not None and len(frames) < sampling.trace_depth:
         if _frames.frame_kind(f) != Kind.AIOCOP:
             frames.append((f.f_code, f.f_lasti))
-        if f is step.root:
+        if f is root:
             break
         f = f.f_back
     if not frames:
         # Nothing but aiocop's frames: the probe's tick, held in a `record`
         # written in C. Named by the innermost, the probe's call of it.
         frames.append((innermost.f_code, innermost.f_lasti))
-    stack = tuple(frames)
+    return tuple(frames)
+
+
+def full(step: Step) -> bool:
+    """Whether `step` has all the samples it keeps."""
+    return sum(step.samples.values()) >= sampling.max_samples_per_slice
+
+
+def sample(
+    step: Step, stack: tuple[tuple[CodeType, int], ...], now: float, cpu: float | None, queued: float | None = None
+) -> None:
+    """Count `stack` (`stack_of`), taken at `now`, as one of `step`'s samples, waiting or working."""
     step.samples[stack] = step.samples.get(stack, 0) + 1
     # Waiting or working at this sample: did the thread's CPU clock move
     # since the previous one (or since the step was first seen)? Time it

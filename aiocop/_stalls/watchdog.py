@@ -136,6 +136,8 @@ class Watchdog:
         self._kept_read = False
         self._pause_read = False
         self._pause = 0.0
+        # The stack a late look walked before it let go of the GIL (innermost frame, stack: _held, _sample).
+        self._walked: tuple[FrameType, tuple[tuple[CodeType, int], ...]] | None = None
 
     @property
     def running(self) -> bool:
@@ -538,6 +540,7 @@ class Watchdog:
         # other, so a skew between them would show up as speed).
         found = _stacks.step_of(frame, watch, now)
         step: Step | None = watch.step
+        self._walked = None
         held = self._held(watch, found, now, cpu) if found is not None and self._due else 0.0
         if found is None:
             if watch.own:
@@ -561,15 +564,6 @@ class Watchdog:
                 # a busy loop seen after a late look began after that.)
                 step.held = max(held, step.t_prev, _timing.woke_at(ident, step.t_prev, now))
         age = now - step.known_since()
-        proven = True
-        if ident is root:
-            # On loops written in C one task's consecutive steps share this
-            # frame, and polls can be far apart (a busy thread starves the
-            # watchdog of the GIL). A heartbeat sent at the first sighting and
-            # still unanswered proves the loop has not iterated since.
-            if not watch.beat_posted:
-                _send_heartbeat(watch, now)
-            proven = bool(watch.beat_posted) or watch.loop is None or bool(held)
         if age >= sampling.arm_after_s():
             if step.task is None:
                 # Seen now, while the step runs: a stall in a task's last step
@@ -579,10 +573,32 @@ class Watchdog:
                 # can still be one (see _finish).
                 step.task = _attribution.StalledTask.of(watch.loop, root)
             if now >= step.next_sample:
-                _stacks.sample(step, innermost, watch, now, cpu, _queued(watch))
+                self._sample(watch, step, innermost, now, cpu)
+        self._walked = None  # (keeps no frame of the loop's alive until the next look)
+        proven = True
+        if ident is root:
+            # On loops written in C one task's consecutive steps share this
+            # frame, and polls can be far apart (a busy thread starves the
+            # watchdog of the GIL). A heartbeat sent at the first sighting and
+            # still unanswered proves the loop has not iterated since.
+            # (Sent after the sample: a loop's wake-up can let go of the GIL.)
+            if not watch.beat_posted:
+                _send_heartbeat(watch, now)
+            proven = bool(watch.beat_posted) or watch.loop is None or bool(held)
         if proven and age >= _state.config.threshold_ms / 1000.0:
             self._stalled(watch, step, innermost, now, age, bool(held))
         return True
+
+    def _sample(self, watch: LoopWatch, step: Step, innermost: FrameType, now: float, cpu: float | None) -> None:
+        # One sample of the stack the look saw: walked before anything lets
+        # go of the GIL, or walked already by a late look (_held), and the
+        # loop thread's wait for a CPU (an os.pread) read only after.
+        step.next_sample = now + sampling.interval_ms / 1000.0
+        if _stacks.full(step):
+            return
+        walked = self._walked
+        stack = walked[1] if walked is not None and walked[0] is innermost else _stacks.stack_of(innermost, step.root)
+        _stacks.sample(step, stack, now, cpu, _queued(watch))
 
     def _stalled(self, watch: LoopWatch, step: Step, innermost: FrameType, now: float, age: float, held: bool) -> None:
         # A look saw `step` running for the threshold: a stall, and a hang while it runs past hang_after_ms.
@@ -644,6 +660,15 @@ class Watchdog:
             asked = min(asked, tripped)  # (the tripwire woke this thread then)
         if now - asked < _timing.HELD_LATE_SWITCHES * sys.getswitchinterval():
             return 0.0  # on time: no hold kept this look out (the usual case, no read)
+        # A late look, the one that first sees a held step: the read below
+        # lets go of the GIL, and so may a report of the step before
+        # (_new_step). The loop's thread, handed it back at the first
+        # instruction after its C call, runs on and finishes the step, and a
+        # walk made then reads frames it has returned from under callers that
+        # have moved on: the stall was placed at the line after the call
+        # (json.dumps then print: the print's line, one run in three). The
+        # step's sample is walked now, at the snapshot's moment (_sample).
+        self._walked = (innermost, _stacks.stack_of(innermost, root))
         kept = self._own_scheduling()
         proc = self._proc_ran
         others = None if proc is None or cpu is None or cpu_seen is None else proc - (cpu - cpu_seen)
