@@ -61,6 +61,7 @@ LOOP_NAMES = _loops_asked()
 TIMING_MODULES = frozenset(
     {
         "test_clock",
+        "test_gil_catalogue",
         "test_gil_stalls",
         "test_concurrency",
         "test_delivery_thread",
