@@ -63,8 +63,15 @@ def _one_stall_at_its_line(detector: Collector, loop_name: str, call: Callable[[
 
     run_on(loop_name, main())
     everything = detector.settle(1)
-    # A call aiocop intercepts (time.sleep) is one io event, which takes its step's stall over.
-    events = [e for e in everything if e.reason != "io_blocking" or e.call_site.startswith("tests/gil_holds.py:")]
+    # A call aiocop intercepts (time.sleep) is one io event, which takes its step's stall over. The
+    # harness's own first step, starting the executor's thread (`queued`), can wait hundreds of
+    # milliseconds for it on a busy machine: a real stall, but not the case's.
+    events = [
+        e
+        for e in everything
+        if (e.reason != "io_blocking" or e.call_site.startswith("tests/gil_holds.py:"))
+        and not (e.call_site.startswith("tests/gil_holds.py:") and e.call_site.endswith(":queued"))
+    ]
     assert len(events) == 1, [(e.reason, e.elapsed_ms, e.call_site) for e in everything]
     [event] = events
     true_ms = took[0] * 1000.0
