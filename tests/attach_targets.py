@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -214,6 +215,17 @@ def answer(settings: dict[str, Any], mode: str) -> None:
     put("status.json", signed({"state": "done"}))
 
 
+def _sleep_until_woken(seconds: float) -> None:
+    # A long C call with no safe point (signal.sigtimedwait: no handler, no
+    # Python code runs until it returns) that a test ends with SIGUSR1 once
+    # its attach has given up, however long the attach took to start on a
+    # busy machine: a fixed sleep raced it (time.sleep cannot be cut short
+    # without a handler that raises, and a pending attach script then runs
+    # first and takes the exception).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    signal.sigtimedwait({signal.SIGUSR1}, seconds)
+
+
 def main() -> None:
     kind = sys.argv[1]
     if kind == "hostile":
@@ -231,9 +243,9 @@ def main() -> None:
         elif kind == "interception-only":
             aiocop.start_blocking_io_detection(trace_depth=7)
             aiocop.register_slow_task_callback(seen.append)
-    if kind == "asleep":  # the main thread in a long C call before its loop runs: no safe point
+    if kind == "asleep":  # the main thread in a long C call before its loop runs: no safe point (until SIGUSR1)
         print("ready", flush=True)
-        time.sleep(float(sys.argv[2]))
+        _sleep_until_woken(float(sys.argv[2]))
     if kind == "hung-in-python":
         asyncio.run(hung_in_python())
     elif kind == "blocked-in-c":
