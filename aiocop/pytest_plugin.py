@@ -33,6 +33,7 @@ import aiocop
 from aiocop._pytest_support import portal as _portal
 from aiocop._pytest_support import settings as _pytest_settings
 from aiocop._pytest_support import timeouts as _timeouts
+from aiocop._stalls.settings import sampling as _sampling
 
 if TYPE_CHECKING:
     from collections.abc import Generator
@@ -92,6 +93,10 @@ class _Session:
         from aiocop._interception.frames import set_app_paths
 
         settings = self.settings
+        # A test run looks at idle loops written in C every half threshold
+        # (start_cpu_sampling's precise_idle): its stalls after a quiet spell
+        # are seen, at a cost that matters in production, not in a test.
+        _sampling.precise_by_default = True
         aiocop.start_blocking_io_detection(trace_depth=settings.trace_depth)
         if settings.threshold_ms is not None:
             aiocop.detect_slow_tasks(threshold_ms=settings.threshold_ms, hang_after_ms=settings.hang_after_ms)

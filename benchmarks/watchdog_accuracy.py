@@ -26,6 +26,7 @@ it started and finds it on its thread's stack); `leviathan` when built by
 hand (docs/how-to/loops.md), imported before set-up too.
 
     python benchmarks/watchdog_accuracy.py [--repeat 3] [--loops asyncio uvloop bound] [--busy 2] [--gaps 0 0.5 1.2]
+        [--idle-looks cheap|precise]
 """
 
 from __future__ import annotations
@@ -192,6 +193,12 @@ def main() -> None:
     parser.add_argument("--loops", nargs="*", default=["asyncio", "uvloop", "bound"])
     parser.add_argument("--gaps", nargs="*", type=float, default=list(GAPS_S), help="idle gaps before a stall (s)")
     parser.add_argument("--busy", type=int, default=0, help="CPU-bound processes to run alongside")
+    parser.add_argument(
+        "--idle-looks",
+        choices=("cheap", "precise"),
+        default="precise",
+        help="how an idle loop that cannot be armed is looked at: start_cpu_sampling(precise_idle=...)",
+    )
     args = parser.parse_args()
     gaps = tuple(args.gaps)
     if not gaps or any(not math.isfinite(g) or g < 0 for g in gaps):
@@ -206,10 +213,11 @@ def main() -> None:
             continue
         installed.append(name)
     aiocop.start_blocking_io_detection()
+    aiocop.start_cpu_sampling(precise_idle=args.idle_looks == "precise")
     aiocop.detect_slow_tasks(threshold_ms=THRESHOLD_MS, on_slow_task=events.append)
     print(
         f"Python {sys.version.split()[0]}, {os.cpu_count()} cores, {args.busy} CPU-bound processes alongside; "
-        f"threshold {THRESHOLD_MS:g} ms; {args.repeat} stalls per cell"
+        f"threshold {THRESHOLD_MS:g} ms; {args.repeat} stalls per cell; {args.idle_looks} idle looks"
     )
     busy = hogs(args.busy)
     try:

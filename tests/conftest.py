@@ -20,6 +20,7 @@ import pytest
 import aiocop
 from aiocop._interception import hook as _hook
 from aiocop._model import state as _state
+from aiocop._stalls.settings import sampling
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Iterator
@@ -334,12 +335,18 @@ class Collector:
 def detector() -> Iterator[Collector]:
     """Detection installed before any loop of the test exists; torn down after."""
     collector = Collector()
+    # As under the pytest plugin: an idle loop that cannot be armed is looked
+    # at every half threshold (start_cpu_sampling's precise_idle), which the
+    # tests of stalls after a quiet spell rest on; the cheap looks, production's
+    # default, are asked for by their own tests.
+    sampling.precise_by_default = True
     aiocop.start_blocking_io_detection(trace_depth=20)
     aiocop.register_slow_task_callback(collector)
     try:
         yield collector
     finally:
         reset_aiocop()
+        sampling.precise_by_default = False
         assert not _hook.unclaimed, "every recorded step was delivered"
 
 
@@ -354,6 +361,7 @@ def reset_aiocop() -> None:
     # The process-wide settings (threshold, trace depth, delivery, buffer,
     # raise level), each back to its default, in the object every module reads.
     vars(_state.config).update(vars(_state.Config()))
+    sampling.precise_idle = None
     # The switch back on, as activate() sets it, but not activate() itself: in a
     # process where detection never started (a test run alone, or first), it
     # sets detection up (1.x's meaning), and the next test found it started.

@@ -149,6 +149,8 @@ TABLE: list[Row] = [
     *rows("start_cpu_sampling", lambda v: api.start_cpu_sampling(max_samples_per_slice=v), "max_samples_per_slice",
           *count_cases()),
     *rows("start_cpu_sampling", lambda v: api.start_cpu_sampling(trace_depth=v), "trace_depth", *count_cases()),
+    *rows("start_cpu_sampling", lambda v: api.start_cpu_sampling(precise_idle=v), "precise_idle",
+          ("yes", TypeError), (1, TypeError), (0.0, TypeError)),
     # --- raising, scopes ---
     *rows("enable_raise_on_violations", lambda v: api.enable_raise_on_violations(level=v), "level",
           ("extreme", ValueError), ("HIGH", ValueError), (50, TypeError), (None, TypeError), (["high"], TypeError)),

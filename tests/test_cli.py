@@ -480,3 +480,22 @@ def test_a_fifo_nobody_reads_fails_the_run_instead_of_hanging_it(program: Path, 
     to_stdout = aiocop_run("run", "--json", "/dev/stdout", program)
     assert to_stdout.returncode == 0, to_stdout.stderr
     assert '"exit_status": 0' in to_stdout.stdout
+
+
+def test_run_looks_at_idle_loops_written_in_c_every_half_threshold(tmp_path: Path) -> None:
+    # The precise idle looks (start_cpu_sampling's precise_idle) are a run's default, not a production process's.
+    prog = tmp_path / "looks.py"
+    prog.write_text(
+        "import asyncio, aiocop\n"
+        "from aiocop._stalls.settings import sampling\n"
+        "aiocop.detect_slow_tasks(threshold_ms=30)\n"
+        "print('precise', sampling.precise())\n"
+        "aiocop.start_cpu_sampling(precise_idle=False)\n"
+        "print('asked', sampling.precise())\n"
+    )
+    run = aiocop_run("run", prog, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "precise True\nasked False\n" in run.stdout
+    plain = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True, timeout=60, check=False)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout == "precise False\nasked False\n"

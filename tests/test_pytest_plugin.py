@@ -1112,3 +1112,22 @@ def test_a_testclient_request_names_the_tests_line(pytester: pytest.Pytester) ->
     )
     result = run(pytester, "--aiocop", "-W", "ignore::DeprecationWarning")
     assert "called_from='test_client.py:15:test_request'" in result.stdout.str()
+
+
+def test_the_plugin_looks_at_idle_loops_written_in_c_every_half_threshold(pytester: pytest.Pytester) -> None:
+    # The precise idle looks (start_cpu_sampling's precise_idle) are a test run's default; a test's own choice wins.
+    pytester.makepyfile(
+        test_looks="""
+        import aiocop
+        from aiocop._stalls.settings import sampling
+
+        def test_default():
+            assert sampling.precise()
+
+        def test_asked():
+            aiocop.start_cpu_sampling(precise_idle=False)
+            assert not sampling.precise()
+        """
+    )
+    result = run(pytester, "--aiocop")
+    assert outcomes(result) == {"test_default": {"PASSED"}, "test_asked": {"PASSED"}}, result.stdout.str()

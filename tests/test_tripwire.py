@@ -92,14 +92,14 @@ def gone_quiet(loop: asyncio.AbstractEventLoop) -> bool:
     return watch.tripwire is not None if armable(loop) else True
 
 
-async def stall_after_quiet() -> tuple[bool, bool, bool]:
-    """A 100 ms stall, the first step after the watchdog went quiet: (quiet in time, armed then, armable)."""
+async def stall_after_quiet(stall_s: float = STALL_S) -> tuple[bool, bool, bool]:
+    """A stall (100 ms unless told), the first step after the watchdog went quiet: (quiet, armed then, armable)."""
     loop = asyncio.get_running_loop()
     seen: list[tuple[bool, bool]] = []
     done = loop.create_future()
 
     def request() -> None:
-        stalls.spin(STALL_S)
+        stalls.spin(stall_s)
         done.set_result(None)
 
     def arrive() -> None:
@@ -124,6 +124,24 @@ def test_a_stall_after_a_quiet_spell_is_reported(quiet_watchdog: Collector, loop
     assert quiet, "the watchdog never went quiet"
     assert armed == expected, "armed where it cannot be, or not armed where it can"
     (event,) = quiet_watchdog.settle(1)
+    assert event.reason == "cpu_blocking"
+    assert event.call_site.endswith(tuple(f"tests/{line}" for line in stall_lines(stalls.spin))), event.call_site
+
+
+def test_cheap_idle_looks_still_see_a_cpu_bound_stall_longer_than_their_interval(
+    detector: Collector, loop_name: str
+) -> None:
+    # Production's default (start_cpu_sampling's precise_idle=False): an idle
+    # loop that cannot be armed is looked at every idle_interval_ms (100 ms),
+    # not every half threshold. A CPU-bound stall woken by I/O after a quiet
+    # spell is seen by the look that lands in it (and timed from its start by
+    # the loop thread's CPU clock); one of 0.4 s has three or four.
+    aiocop.start_cpu_sampling(precise_idle=False)
+    aiocop.detect_slow_tasks(threshold_ms=30)
+    quiet, armed, expected = run_on(loop_name, stall_after_quiet(0.4))
+    assert quiet, "the watchdog never went quiet"
+    assert armed == expected, "armed where it cannot be, or not armed where it can"
+    (event,) = detector.settle(1)
     assert event.reason == "cpu_blocking"
     assert event.call_site.endswith(tuple(f"tests/{line}" for line in stall_lines(stalls.spin))), event.call_site
 

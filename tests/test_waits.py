@@ -181,14 +181,18 @@ def _at_the_wait(event: aiocop.SlowTaskEvent) -> bool:
 
 
 @pytest.mark.skipif(not LINUX, reason="the system call a thread waits in is read from Linux's /proc")
+@pytest.mark.parametrize("precise", [True, False], ids=["precise", "cheap"])
 def test_a_wait_begun_as_a_c_loops_timer_ends_is_reported(
-    detector: Collector, monkeypatch: pytest.MonkeyPatch, loop_name: str
+    detector: Collector, monkeypatch: pytest.MonkeyPatch, loop_name: str, precise: bool
 ) -> None:
+    # With either idle looks (start_cpu_sampling's precise_idle): the look
+    # planned for the timer's end is no idle look.
     if _tripwire.PROFILE or loop_name == "asyncio":
         pytest.skip(f"{loop_name} is armed here (it wakes the watchdog itself)")
     if loop_name in IO_URING:
         pytest.skip(f"{loop_name} waits in io_uring: looked at every half threshold instead")
     monkeypatch.setattr(_settings.sampling, "idle_interval_ms", 60_000.0)
+    monkeypatch.setattr(_settings.sampling, "precise_idle", precise)
     monkeypatch.setattr(_watchdog_module, "unarmed_interval", lambda: 60.0)
     aiocop.detect_slow_tasks(threshold_ms=THRESHOLD_MS)
     timed = run_on(loop_name, wait_as_the_timer_ends())

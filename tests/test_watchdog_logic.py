@@ -1352,3 +1352,124 @@ def test_a_late_looks_sample_is_the_stack_the_loop_had_at_the_look(
         lines = {code.co_name: _line(code, lasti) for code, lasti in stack}
         assert lines["step"] == loop_thread.line_of("# HELD LINE"), (lines, loop_thread.line_of("# AWAIT LINE"))
         assert "held" in lines  # (the callee, as it was: the frames a walk after the move found returned)
+
+
+# --- how long the watchdog sleeps between looks (issue 39) ----------------------------------------
+
+
+class Intervals:
+    """A fresh Watchdog's choice of its next sleep, on a scripted clock, with one idle loop whose arming is scripted."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, armable: bool, timer: float = float("inf")) -> None:
+        self.now = 100.0
+        self.dog = _watchdog.Watchdog()  # (its thread is never started)
+        self.watch = watch_of()
+        monkeypatch.setattr(_watchdog, "perf_counter", lambda: self.now)
+        monkeypatch.setattr(_loops, "watches", {1: self.watch})
+        monkeypatch.setattr(_tripwire, "can_arm", lambda watch: armable)
+        # Armed at once, and in place at once (the arming callback's own timing is _tripwire's).
+        monkeypatch.setattr(_tripwire, "arm", lambda watch, wake: armable)
+        monkeypatch.setattr(_tripwire, "in_place", lambda watch: True)
+        monkeypatch.setattr(_watchdog, "_read_waits", lambda watches: None)
+        # When a loop not armed can wake for its next timer, as _waits planned it.
+        monkeypatch.setattr(_watchdog, "_unarmed_look", lambda watch, now: timer)
+
+    def after(self, seconds: float, *, busy: bool = False, active: bool = False) -> float:
+        """The sleep chosen by a look `seconds` from the last one, that saw a step (`busy`) or activity."""
+        self.now += seconds
+        return self.dog._next_interval(busy, active)
+
+
+@pytest.fixture
+def intervals(rec: Recorded, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setattr(sampling, "precise_idle", None)
+    monkeypatch.setattr(sampling, "precise_by_default", False)
+    return lambda **kwargs: Intervals(monkeypatch, **kwargs)
+
+
+def test_armed_loops_sleep_long_a_look_or_two_after_a_step(intervals: Any) -> None:
+    """Not half a second of looks every 4 ms after each step (125 wake-ups, 30 ms of CPU on a VM)."""
+    dog = intervals(armable=True)
+    assert dog.after(0.0, busy=True) == near(0.002)  # in a step: the busy rate
+    assert dog.after(0.002) == near(0.004)  # ended: a look soon, the next step may follow at once
+    assert dog.after(0.004) == near(0.004)
+    assert dog.after(0.005) == near(0.25)  # 11 ms after the step: armed, asleep for the armed idle interval
+
+
+def test_a_loop_start_keeps_the_looks_fast_for_half_a_second(intervals: Any) -> None:
+    """Loop starts in quick succession find the watchdog awake, and do not wake it (issue 31)."""
+    dog = intervals(armable=True)
+    dog.dog.loop_started()  # (the thread is not started: the watchdog is not enabled)
+    assert dog.after(0.3) == near(0.004)
+    assert dog.after(0.21) == near(0.25)
+
+
+def test_a_tripwire_that_woke_the_watchdog_gets_one_more_look_soon(intervals: Any) -> None:
+    dog = intervals(armable=True)
+    assert dog.after(1.0) == near(0.25)
+    dog.dog.trip()
+    assert dog.after(0.001) == near(0.004)
+    assert dog.after(0.004) == near(0.25)
+
+
+@pytest.mark.parametrize("armable", [True, False])
+def test_an_idle_interval_set_is_kept_for_every_loop(
+    intervals: Any, monkeypatch: pytest.MonkeyPatch, armable: bool
+) -> None:
+    monkeypatch.setattr(sampling, "idle_interval_ms", 60.0)
+    dog = intervals(armable=armable)
+    assert dog.after(1.0) == near(0.06)
+
+
+def test_a_loop_that_cannot_be_armed_is_looked_at_every_idle_interval_by_default(intervals: Any) -> None:
+    """The production default: the cheap looks (start_cpu_sampling's precise_idle)."""
+    dog = intervals(armable=False)
+    assert dog.after(0.0, busy=True) == near(0.002)
+    assert dog.after(0.002) == near(0.004)
+    assert dog.after(0.011) == near(0.1)
+    assert dog.after(1.0) == near(0.1)
+
+
+@pytest.mark.parametrize("how", ["asked", "by default"])
+def test_precise_idle_looks_at_a_loop_that_cannot_be_armed_every_half_threshold(
+    intervals: Any, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """As under the pytest plugin and `python -m aiocop run`: fast for half a second after a step, then every 15 ms."""
+    monkeypatch.setattr(sampling, "precise_idle" if how == "asked" else "precise_by_default", True)
+    dog = intervals(armable=False)
+    assert dog.after(0.0, busy=True) == near(0.002)
+    assert dog.after(0.4) == near(0.004)
+    assert dog.after(0.11) == near(0.015)
+    assert dog.after(1.0) == near(0.015)
+
+
+def test_precise_idle_false_wins_over_the_default(intervals: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sampling, "precise_by_default", True)
+    monkeypatch.setattr(sampling, "precise_idle", False)
+    dog = intervals(armable=False)
+    assert dog.after(1.0) == near(0.1)
+
+
+@pytest.mark.parametrize("precise", [False, True])
+def test_a_loop_that_cannot_be_armed_is_looked_at_as_its_next_timer_ends(
+    intervals: Any, monkeypatch: pytest.MonkeyPatch, precise: bool
+) -> None:
+    """In both modes: a step begun as a C loop's timer ends is seen from its start (_waits)."""
+    monkeypatch.setattr(sampling, "precise_idle", precise)
+    dog = intervals(armable=False, timer=101.008)
+    assert dog.after(1.0) == near(0.008)  # asleep until the timer's earliest end
+    assert dog.after(0.008) == near(0.004)  # then every few milliseconds until the loop's thread runs
+
+
+@pytest.mark.parametrize("precise", [False, True])
+def test_with_no_loop_known_an_unannounced_loops_first_step_is_looked_for_every_half_threshold(
+    intervals: Any, monkeypatch: pytest.MonkeyPatch, precise: bool
+) -> None:
+    """A loop that announces nothing (Leviathan) is found by no other look: in both modes."""
+    monkeypatch.setattr(sampling, "precise_idle", precise)
+    dog = intervals(armable=False)
+    monkeypatch.setattr(_loops, "watches", {})
+    monkeypatch.setattr(_loops, "unannounced_loops_possible", lambda: True)
+    assert dog.after(1.0) == near(0.015)
+    monkeypatch.setattr(_loops, "unannounced_loops_possible", lambda: False)
+    assert dog.after(1.0) == near(0.25)

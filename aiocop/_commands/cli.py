@@ -34,6 +34,7 @@ from aiocop._model.severity import level_rank
 from aiocop._reporting import hangs as _hangs
 from aiocop._reporting import report_files as _report_files
 from aiocop._reporting.report import Summary, describe, describe_hang
+from aiocop._stalls.settings import sampling as _sampling
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator, Iterator, Sequence
@@ -395,6 +396,10 @@ def session(argv: Sequence[str] | None = None) -> Generator[Program, int, int]:
     settings.command = f"{PROG} {shlex.join(argv)}"
     resolved = _resolve(settings, run_parser)
     factory = _uvloop_factory(run_parser) if settings.uvloop else None
+    # A run looks at idle loops written in C every half threshold
+    # (start_cpu_sampling's precise_idle): a program run to be checked wants
+    # its stalls after a quiet spell seen more than the CPU saved in production.
+    _sampling.precise_by_default = True
     with _default_loop_factory(factory):
         return (yield from _run(program, settings, resolved))
 

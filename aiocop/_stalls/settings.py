@@ -15,6 +15,10 @@ from aiocop._model import state as _state
 
 # The interval between looks while every loop is idle, unless set.
 _DEFAULT_IDLE_MS = 100.0
+# The same while every loop is armed (its tripwire wakes the watchdog as it
+# wakes): the looks are then only a safety net, and each costs a wake-up of
+# the watchdog's thread, 0.1-0.3 ms of CPU on a VM (issue 39).
+_DEFAULT_ARMED_IDLE_MS = 250.0
 
 
 @dataclass
@@ -28,14 +32,27 @@ class SamplingConfig:
     # detect_slow_tasks(cpu_sampling=False): stalls are still found (as 1.x
     # found them, by timing), but events carry no stack samples.
     share_samples: bool = True
+    # start_cpu_sampling(precise_idle=...): whether an idle loop that cannot
+    # be armed (_tripwire) is looked at every half threshold (a stall of 1.5x
+    # the threshold after a quiet spell is seen; about 2 % of a core on a VM)
+    # or every idle interval (a tenth of that; a wait or a short CPU-bound
+    # stall after a quiet spell can go unseen). None: `precise_by_default`,
+    # which the pytest plugin and `python -m aiocop run` set (issue 39).
+    precise_idle: bool | None = None
+    precise_by_default: bool = False
+
+    def precise(self) -> bool:
+        return self.precise_by_default if self.precise_idle is None else self.precise_idle
 
     def arm_after_s(self) -> float:
         if self.arm_after_ms is not None:
             return self.arm_after_ms / 1000.0
         return _state.config.threshold_ms / 2000.0
 
-    def idle_s(self) -> float:
-        return (self.idle_interval_ms if self.idle_interval_ms is not None else _DEFAULT_IDLE_MS) / 1000.0
+    def idle_s(self, *, armed: bool = False) -> float:
+        if self.idle_interval_ms is not None:
+            return self.idle_interval_ms / 1000.0
+        return (_DEFAULT_ARMED_IDLE_MS if armed else _DEFAULT_IDLE_MS) / 1000.0
 
 
 sampling = SamplingConfig()

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import math
 import os
 import sys
 import threading
@@ -68,10 +69,17 @@ logger = logging.getLogger("aiocop")
 # (one that runs a step is found at any look: _discovery); also the longest
 # a full look is skipped while every loop is quiet.
 _DISCOVERY_S = 1.0
-# Polling stays at _FAST_IDLE_S this long after a loop last did anything, then
-# slows to `idle_interval_ms` (see Watchdog._next_interval).
+# Polling stays at _FAST_IDLE_S this long after a loop started, or last did
+# anything while a loop that cannot be armed runs (_tripwire), then slows to
+# `idle_interval_ms` (see Watchdog._next_interval).
 _FAST_FOR_S = 0.5
 _FAST_IDLE_S = 0.004
+# After a step while every loop can be armed: a look or two, then the loops
+# are armed and the watchdog sleeps long. Each look costs its thread's wake-up,
+# 0.1-0.3 ms of CPU on a VM: half a second of looks every 4 ms after each
+# step was 125 looks (about 30 ms of CPU) per quiet spell, where arming costs
+# one callback on the loop (issue 39).
+_FAST_AFTER_STEP_S = 0.01
 # A probe's tick seen under way is looked at again this long after it would
 # be a step (_tick_seen): the sleep's own wake-up can come a hair early.
 _TICK_LATE_S = 0.0005
@@ -105,7 +113,8 @@ class Watchdog:
         self._waker = allocate_lock()
         self._waker.acquire()
         self._last_scan = 0.0
-        self._last_active = 0.0  # last poll that saw a loop do something
+        self._last_active = 0.0  # last loop start or wake-up (loop_started, wake)
+        self._last_step = 0.0  # last poll that saw a loop do something
         # Whether the sleep under way (or about to begin) is the long idle one:
         # only then does a loop's start cut it short (loop_started).
         self._sleeping_long = True
@@ -377,11 +386,23 @@ class Watchdog:
         self._sleeping_long = False
         tripped, self._tripped = self._tripped, False
         if busy:
-            self._last_active = self._last_active if self._ticks_only else now
+            self._last_step = self._last_step if self._ticks_only else now
             return sampling.busy_poll_ms / 1000.0
         if active:
-            self._last_active = now
-        if now - self._last_active < _FAST_FOR_S or tripped:
+            self._last_step = now
+        watches = _loops.watches
+        # After a step, the looks stay fast for long only while a loop that
+        # cannot be armed runs, and precise idle looks are asked for: its next
+        # step is found by looks alone. (After a loop's start, always: loop
+        # starts in quick succession do not wake a watchdog that is not
+        # sleeping long, issue 31.)
+        precise = sampling.precise()
+        after_step = (
+            _FAST_FOR_S
+            if precise and any(not _tripwire.can_arm(watch) for watch in watches.values())
+            else _FAST_AFTER_STEP_S
+        )
+        if now - self._last_active < _FAST_FOR_S or now - self._last_step < after_step or tripped:
             # Woken by a tripwire, the look may have come before the step
             # it woke for began: one more look, soon.
             _read_waits(_loops.watches)
@@ -398,7 +419,6 @@ class Watchdog:
         # such looks would go unseen (the CPU clock cannot tell it from many
         # short steps): each idle loop is armed to wake this thread as it
         # wakes (_tripwire), and is looked at while its first step runs.
-        watches = _loops.watches
         waiting = unarmed = False
         timer = float("inf")  # the earliest a loop not armed can wake for its next timer (_waits)
         for watch in watches.values():
@@ -407,7 +427,7 @@ class Watchdog:
                     unarmed = True
                     timer = min(timer, _unarmed_look(watch, now))
                 waiting = waiting or not _tripwire.in_place(watch)
-        if self._arming_since <= self._last_active:
+        if self._arming_since <= max(self._last_active, self._last_step):
             self._arming_since = now  # the first arming of this quiet spell
         if waiting and now - self._arming_since < sampling.idle_s():
             # The long sleep begins once each loop's tripwire is in place (see
@@ -426,10 +446,14 @@ class Watchdog:
             # thread's profile slot taken), or, with no loop known, one that
             # announces nothing may start (and cannot be armed before it is
             # found): its first step is found by a look, at a rate bound by
-            # the threshold (a wake-up for I/O is not told in advance), and
-            # one begun as its next timer ends is seen as it ends (_waits).
-            return min(sampling.idle_s(), unarmed_interval(), timer - now)
-        return sampling.idle_s()
+            # the threshold (a wake-up for I/O is not told in advance; for a
+            # known loop, only if precise idle looks are asked for: a loop
+            # that announces nothing is rare, and its first step is found by
+            # no other look), and one begun as its next timer ends is seen as
+            # it ends (_waits).
+            bound = unarmed_interval() if precise or not unarmed else math.inf
+            return min(sampling.idle_s(), bound, timer - now)
+        return sampling.idle_s(armed=True)
 
     def poll(self) -> tuple[bool, bool]:
         """Look at every registered loop once.
