@@ -56,6 +56,7 @@ LAYERS: list[dict[str, list[str]]] = [
             "aiocop._interception.scope",
             "aiocop._interception.frames",
             "aiocop._interception.loops",
+            "aiocop._interception.trio_runs",
         ]
     },
     {

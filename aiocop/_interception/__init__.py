@@ -9,6 +9,8 @@
 - `frames`: classifying and formatting the frames of a captured stack.
 - `loops`: which threads run an event loop now, and each loop's watch: the hook records each call on
   its loop's watch, and the watchdog reads them.
+- `trio_runs`: trio's run loop (not asyncio): which trio task runs a step on this thread, and the
+  instrument that delivers the step's calls when it ends.
 
 The wrappers reach the hook through the hook function `wrappers` keeps, handed over by `hook.install()`.
 

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from asyncio import AbstractEventLoop
     from types import FrameType
 
+    from aiocop._interception.trio_runs import TrioRun
+
 _STDLIB_MODULES: frozenset[str] = frozenset(getattr(sys, "stdlib_module_names", ()))
 
 # event -> caller's module name -> the rules that event and module leave in play.
@@ -67,7 +69,7 @@ def any_matches(
     args: tuple[Any, ...],
     caller: FrameType,
     edge: FrameType | None,
-    loop: AbstractEventLoop,
+    loop: AbstractEventLoop | TrioRun,
     key: tuple[str, object] | None = None,
 ) -> bool:
     """Whether one of `rules` (from `rules_in_play`) matches the call in full.

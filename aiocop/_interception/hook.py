@@ -7,6 +7,11 @@ and a thread that is not running an event loop costs one more C call
 run (the rest of `audit_hook`, then `_capture`), on the loop's thread, inside
 the offending step.
 
+A trio task's step is found the same way, off every asyncio loop: trio's run
+namespace for the thread names the task running a step (`trio_runs`), and the
+walk stops at trio's dispatch frame; the step's calls are delivered when it
+ends, by an instrument `trio_runs.TrioRun` adds to the run for that step.
+
 No event loop method is wrapped. A step's edges are found from the stack: the
 walk from the blocking call stops at the task's coroutine frame, at a Python
 loop's dispatch frame (`Handle._run`, ...) or at the frame that entered a
@@ -36,6 +41,7 @@ from aiocop._interception import rules as _rules
 from aiocop._interception import wrappers as _wrappers
 from aiocop._interception.frames import Kind
 from aiocop._interception.internals import IMPORT_EVENTS
+from aiocop._interception.trio_runs import TRIO_PACKAGE_PREFIX, TrioRun, TrioTask, run_namespace
 from aiocop._model import callbacks as _callbacks
 from aiocop._model import state as _state
 
@@ -127,14 +133,17 @@ _CONDITIONS: dict[str, Callable[[tuple[Any, ...]], bool]] = {
 # a module global: a local is the fastest read there is, swapping the defaults
 # tuple is atomic (a hook running in another thread sees the old table or the
 # new one), and it survives the interpreter's shutdown, which sets module
-# globals to None while the hook (which cannot be removed) still runs.
+# globals to None while the hook (which cannot be removed) still runs. Its
+# second default is trio's run namespace (`trio_runs.run_namespace`), None
+# until the program imports trio: a call off every asyncio loop costs a
+# program without trio one test of a local more.
 _NO_RULES: dict[str, _Rule] = {}
 
 
 def rebuild() -> None:
     """Compile the hook's table from the live rules and the on/off switches."""
     if not (_state.started and _state.active):
-        audit_hook.__defaults__ = (_NO_RULES.get,)
+        audit_hook.__defaults__ = (_NO_RULES.get, None)
         return
     table: dict[str, _Rule] = {
         event: _Rule(
@@ -147,21 +156,48 @@ def rebuild() -> None:
     }
     for event in _LOOP_BOUNDARY_EVENTS:
         table[event] = _Rule(0, None, True)
-    audit_hook.__defaults__ = (table.get,)
+    namespace = run_namespace()
+    audit_hook.__defaults__ = (table.get, namespace)
+    _wrappers.use_trio(namespace)
 
 
-def audit_hook(event: str, args: tuple[Any, ...], _lookup: Callable[[str], _Rule | None] = _NO_RULES.get) -> None:
+def learn_trio() -> None:
+    """Give the hook and the wrappers trio's run namespace, if the program imported trio since detection started."""
+    defaults = audit_hook.__defaults__
+    if defaults is not None and defaults[0] is not _NO_RULES.get and defaults[1] is None:
+        namespace = run_namespace()
+        if namespace is not None:
+            audit_hook.__defaults__ = (defaults[0], namespace)
+            _wrappers.use_trio(namespace)
+
+
+def audit_hook(  # noqa: PLR0912 - one function on purpose: a call costs more than its branches
+    event: str,
+    args: tuple[Any, ...],
+    _lookup: Callable[[str], _Rule | None] = _NO_RULES.get,
+    _trio: Any = None,
+) -> None:
     # Hot path: keep the two early exits first and allocation-free. The slow
     # path is inlined below (a Python call costs more than the rest of it).
     rule = _lookup(event)
     if rule is None:
         return
-    loop = get_running_loop()
+    loop: AbstractEventLoop | TrioRun | None = get_running_loop()
+    trio_task: TrioTask | None = None
     if loop is None:
         if rule.boundary:
             _on_loop_boundary()
-        return
-    if rule.boundary:
+            return
+        if _trio is None:
+            return
+        # No asyncio loop on this thread: a trio task's step, if trio's run
+        # namespace for this thread names a task (a dict read, no call into trio).
+        namespace = _trio.__dict__
+        trio_task = namespace.get("task")
+        if trio_task is None:
+            return
+        loop = _trio_run(namespace.get("runner"))
+    elif rule.boundary:
         return
     try:
         state: _ThreadState = _local.state  # no builtin getattr() call: the except runs once per thread
@@ -174,7 +210,7 @@ def audit_hook(event: str, args: tuple[Any, ...], _lookup: Callable[[str], _Rule
         return
     state.busy = True
     try:
-        captured = _capture(event, args, rule.weight, loop, state)
+        captured = _capture(event, args, rule.weight, loop, state, trio_task)
         if _callbacks.call_observers and captured is not None and captured is not _DROPPED:
             _callbacks.observe_call(captured)
     except Exception:
@@ -193,6 +229,21 @@ def audit_hook(event: str, args: tuple[Any, ...], _lookup: Callable[[str], _Rule
             _raise_violation(group, None if captured is _DROPPED else captured)
 
 
+def _trio_run(runner: object) -> TrioRun:
+    # The running trio run's stand-in, kept per thread (a thread runs one trio run at a time).
+    state = current_state()
+    run = state.trio_run
+    if run is None or run.runner_ref() is not runner:
+        run = state.trio_run = TrioRun(runner)
+    return run
+
+
+def task_name(task: Task[Any] | TrioTask) -> str:
+    """The name of a step's task: an asyncio task's `get_name()`, a trio task's `name`."""
+    get_name = getattr(task, "get_name", None)
+    return str(get_name() if get_name is not None else getattr(task, "name", "?"))
+
+
 def _raise_violation(group: StepGroup, record: Record | None) -> None:
     if group.score < _state.config.raise_min_score or make_violation is None:
         return
@@ -206,7 +257,7 @@ def _raise_violation(group: StepGroup, record: Record | None) -> None:
 class _ThreadState:
     """What the hook keeps per thread (one instance per thread, see `current_state`)."""
 
-    __slots__ = ("base_frame", "busy", "group", "pending", "pending_loop", "thread_id", "thread_name")
+    __slots__ = ("base_frame", "busy", "group", "pending", "pending_loop", "thread_id", "thread_name", "trio_run")
 
     def __init__(self) -> None:
         self.busy = False  # inside the hook's slow path or a delivery: ignore events
@@ -217,7 +268,8 @@ class _ThreadState:
         # The loop that delivery callback was scheduled on (not read from the
         # batch's groups: a group delivered early, by drain() or the pytest
         # plugin, has let go of its loop).
-        self.pending_loop: AbstractEventLoop | None = None
+        self.pending_loop: AbstractEventLoop | TrioRun | None = None
+        self.trio_run: TrioRun | None = None  # the trio run this thread last made a blocking call in
         # The frame that called into a running event loop written in C: the
         # outer edge of its steps. Held only while that loop runs (see
         # _on_loop_boundary).
@@ -272,13 +324,13 @@ class StepGroup:
     become None, context an empty one).
     """
 
-    loop: AbstractEventLoop | None
+    loop: AbstractEventLoop | TrioRun | None
     key: object  # what identifies the step: its task, or a callback's outermost frame
     # The step as the watchdog names it (`_stacks.step_of`): asyncio's
     # dispatch frame, else the step's outermost frame. A stall of this very
     # step joins its event; any other step's stall is its own event.
     ident: object = None
-    task: Task[Any] | None
+    task: Task[Any] | TrioTask | None
     thread_id: int
     thread_name: str
     context: Context  # a copy of the context at the step's first blocking call
@@ -336,7 +388,12 @@ _DROPPED: Any = ("dropped",)
 
 
 def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost more than its steps
-    event: str, args: tuple[Any, ...], weight: int, loop: AbstractEventLoop, state: _ThreadState
+    event: str,
+    args: tuple[Any, ...],
+    weight: int,
+    loop: AbstractEventLoop | TrioRun,
+    state: _ThreadState,
+    trio_task: TrioTask | None,
 ) -> Record | None:
     """Record the call in its step's group (`state.group`); its record, `_DROPPED`, or `None` if not to be reported.
 
@@ -361,9 +418,13 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
         return None  # allowed wherever it is made
     base = state.base_frame
     root: FrameType | None = None
-    task: Task[Any] | None = None
-    if base is None:
-        task = current_task(loop)
+    task: Task[Any] | TrioTask | None = trio_task
+    if trio_task is not None:
+        # A trio step is bounded by trio's own dispatch frame (LOOP_FRAMES):
+        # a C loop's entry frame left from before is not on this stack.
+        base = None
+    elif base is None:
+        task = current_task(loop)  # type: ignore[arg-type]  # an asyncio loop: trio's took the branch above
         if task is not None:
             # The task's coroutine frame bounds the step. Only needed when the
             # loop's entry frame is unknown (detection started inside a running
@@ -449,7 +510,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     if not frames:
         return None
     if base is not None:
-        task = current_task(loop)
+        task = current_task(loop)  # type: ignore[arg-type]  # an asyncio loop: a trio step has no base
     if ident is None and outer is root and root is not None:
         # The walk stopped at the task's coroutine frame (the loop started
         # before aiocop saw it): name the step as the watchdog does, by
@@ -523,13 +584,13 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
             pending.append(group)  # the delivery callback of this iteration is scheduled already
         else:
             _schedule(group, loop, state)
-        if register_loop is not None:
+        if register_loop is not None and trio_task is None:
             # A loop the watchdog may not know (one that sets no asyncgen hooks,
             # or bound them before aiocop wrapped them), with its edge. Known
             # nearly always: that check is made here (a call costs more).
             watch = _loops.watches.get(state.thread_id)
             if watch is None or watch.loop_ref() is not loop:
-                register_loop(loop, state.base_frame)
+                register_loop(loop, state.base_frame)  # type: ignore[arg-type]  # not a trio run (tested above)
     record: Record = _DROPPED
     if len(group.records) < _state.config.max_events_per_step:
         for arg in args:
@@ -604,7 +665,7 @@ class BufferSummary:
         return f"<{self.size} bytes>"
 
 
-def _schedule(group: StepGroup, loop: AbstractEventLoop, state: _ThreadState) -> None:
+def _schedule(group: StepGroup, loop: AbstractEventLoop | TrioRun, state: _ThreadState) -> None:
     # One delivery callback per loop iteration, not per step: the first step
     # with a blocking call schedules it, later ones in the same iteration join
     # its batch (call_soon'd callbacks run in the next iteration, after them;
@@ -649,6 +710,14 @@ def _on_loop_boundary() -> None:
         frame: FrameType | None = sys._getframe(2)
         while frame is not None and frame.f_globals.get("__name__", "").startswith("aiocop."):
             frame = frame.f_back
+        if frame is not None and frame.f_globals.get("__name__", "").startswith(TRIO_PACKAGE_PREFIX):
+            # A trio run starting or ending: its steps are bounded by trio's
+            # own dispatch frame, and a frame of it kept here would keep the
+            # run alive. The hook learns trio's run namespace here, if the
+            # program imported trio after detection was set up.
+            frame = None
+            state.trio_run = None
+            learn_trio()
         state.base_frame = frame
         state.thread_name = threading.current_thread().name
     state.group = None

@@ -33,6 +33,9 @@ LOOP_FRAMES: tuple[LoopFrame, ...] = (
     LoopFrame("asyncio.base_events", "_run_once", "core"),  # the loop's own iteration
     LoopFrame("rloop.loop", "run_forever", "dispatch"),  # steps are called from here
     LoopFrame("veloxloop", "run_forever", "dispatch"),
+    # trio's run loop (not asyncio: its runs are found by trio_runs): a task's step is
+    # `task.context.run(coro.send, ...)` in here, so the task's outermost frame is just inside.
+    LoopFrame("trio._core._run", "unrolled_run", "dispatch"),
 )
 
 # Modules of the import system: a call made under them is part of an import,
@@ -42,7 +45,7 @@ IMPORT_SYSTEM_MODULES: frozenset[str] = frozenset(
 )
 
 # Packages whose frames are "loop internals": never the user's line.
-LOOP_PACKAGES: tuple[str, ...] = ("asyncio", "uvloop", "winloop", "rloop", "veloxloop", "granian")
+LOOP_PACKAGES: tuple[str, ...] = ("asyncio", "uvloop", "winloop", "rloop", "veloxloop", "granian", "trio")
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ import select
 import socket as _socket_module
 import sys
 import threading
-from asyncio import _get_running_loop as get_running_loop
+from asyncio import _get_running_loop
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -152,6 +152,29 @@ def use_audit_hook(hook: Callable[[str, tuple[Any, ...]], None]) -> None:
     """
     global _audit_hook
     _audit_hook = hook
+
+
+# The wrappers' gate: whether a call may be on an event loop, the hook to judge it. asyncio's C
+# function, until the program imports trio (see use_trio).
+get_running_loop: Callable[[], object] = _get_running_loop
+
+
+def use_trio(namespace: Any) -> None:
+    """Open the wrappers' gate inside trio tasks too, given trio's run namespace (`trio_runs.run_namespace`).
+
+    Called by the hook as it learns of trio. A program that never imports trio keeps asyncio's C
+    function as the gate; one that does pays a Python call per wrapped call off every asyncio loop.
+    """
+    global get_running_loop
+    if namespace is None:
+        get_running_loop = _get_running_loop
+        return
+
+    def loop_or_trio_task() -> object:
+        loop = _get_running_loop()
+        return loop if loop is not None else namespace.__dict__.get("task")
+
+    get_running_loop = loop_or_trio_task
 
 
 def _may_wait(timeout: Any) -> bool:

@@ -20,6 +20,7 @@ from aiocop._common import clock as _clock
 from aiocop._common.clock import elapsed, perf_counter
 from aiocop._interception import hook as _hook
 from aiocop._interception.frames import format_frame, is_app_file, is_internal_file
+from aiocop._interception.trio_runs import TrioRun
 from aiocop._model import state as _state
 from aiocop._model.events import BlockingEventInfo, CpuStackSample, RawBlockingEvent, SlowTaskEvent
 from aiocop._model.exceptions import HighSeverityBlockingIoException
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from types import CodeType
 
     from aiocop._interception.hook import Record, StepGroup
+    from aiocop._interception.trio_runs import TrioTask
     from aiocop._stalls.attribution import Stall
 
 
@@ -194,6 +196,8 @@ class Origin:
     def __init__(self, loop: object, wall_offset: float | None = None) -> None:
         self.wall_offset = _clock.time() - perf_counter() if wall_offset is None else wall_offset
         self.threshold_ms = _state.config.threshold_ms
+        if isinstance(loop, TrioRun):
+            loop = loop.name  # named after its trio Runner, which it does not keep alive
         if isinstance(loop, str):  # already named (the watchdog names loops when they start)
             self.loop_type: Any = loop
             self.loop_ref: Any = None
@@ -210,7 +214,11 @@ class Origin:
 
 
 def step_fields(
-    origin: Origin, group: StepGroup, context: dict[str, Any] | None, task_name: str | Task[Any] | None, reason: str
+    origin: Origin,
+    group: StepGroup,
+    context: dict[str, Any] | None,
+    task_name: str | Task[Any] | TrioTask | None,
+    reason: str,
 ) -> dict[str, Any]:
     """An event's fields, computed when one is first read (see `SlowTaskEvent.__getattr__`).
 
@@ -218,7 +226,7 @@ def step_fields(
     delivered (see `_deliver`: its name is asked for only if someone reads it).
     """
     if task_name is not None and not isinstance(task_name, str):
-        task_name = task_name.get_name()
+        task_name = _hook.task_name(task_name)
     stall: Stall | None = group.stall
     elapsed_ms = _elapsed_ms(group)
     threshold_ms = origin.threshold_ms

@@ -95,7 +95,7 @@ def _deliver(group: StepGroup, origin: _building.Origin) -> None:
         if task is not None and _refcount(event) > _LOCAL_REFS:
             resolve = _building.resolve_of(event)
             if resolve is not None:
-                _set_attribute(event, "_resolve", (*resolve[:4], task.get_name(), *resolve[5:]))
+                _set_attribute(event, "_resolve", (*resolve[:4], _hook.task_name(task), *resolve[5:]))
 
 
 _refcount = sys.getrefcount

@@ -1,0 +1,248 @@
+"""Blocking calls in trio tasks: reported at their line, with the trio task's name, as on asyncio (issue 41).
+
+trio is an optional dependency: without it these tests are skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+import pytest
+
+import aiocop
+from aiocop._interception import hook as _hook
+from tests.blocking_calls import CASES, Case
+from tests.conftest import Collector, run_python
+
+trio = pytest.importorskip("trio", reason="trio is not installed (it comes with the dev extra)")
+
+# The same calls, under the same rules, as on asyncio (tests/test_detection.py).
+TRIO_CASES = [pytest.param(case, id=case.name) for case in CASES]
+
+
+def _reported(detector: Collector, case: Case) -> aiocop.BlockingEventInfo:
+    matching = [c for c in detector.calls if c["name"] == case.event]
+    assert len(matching) == 1, f"{case.event} reported {len(matching)} times: {detector.names()}"
+    same_line = [c["name"] for c in detector.calls if c["entry_point"] == matching[0]["entry_point"]]
+    assert same_line == [case.event], "one call, one report (not also its internals)"
+    assert matching[0]["entry_point"].endswith(case.site), matching[0]
+    return matching[0]
+
+
+@pytest.mark.parametrize("case", TRIO_CASES)
+def test_a_blocking_call_in_a_trio_task_is_reported_at_its_line(detector: Collector, case: Case) -> None:
+    async def main() -> None:
+        case.func()
+
+    trio.run(main)
+    call = _reported(detector, case)
+    event = next(e for e in detector.events if call in e.blocking_events)
+    assert event.reason == "io_blocking"
+    assert event.loop.startswith("trio._core._run.Runner@"), event.loop
+    assert event.thread_id == threading.get_ident()
+    assert event.task_name is not None and event.task_name.endswith("main"), event.task_name
+
+
+def test_each_task_is_its_own_step_named_after_the_trio_task(detector: Collector) -> None:
+    async def child(path: str) -> None:
+        os.stat(path)  # in the child's step
+        await trio.sleep(0)
+        os.stat(path)  # the child's next step: an event of its own
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(child, ".", name="first")
+            nursery.start_soon(child, "..", name="second")
+
+    trio.run(main)
+    steps = sorted((e.task_name, [c["event"] for c in e.blocking_events]) for e in detector.events)
+    assert steps == [
+        ("first", ["os.stat(.)"]),
+        ("first", ["os.stat(.)"]),
+        ("second", ["os.stat(..)"]),
+        ("second", ["os.stat(..)"]),
+    ]
+    # The trace ends at the task's own coroutine: trio's run loop is the step's edge, not part of it.
+    trace = detector.events[0].blocking_events[0]["trace"]
+    assert trace.split(" <- ")[-1].endswith(":child"), trace
+
+
+def test_work_run_in_trios_worker_threads_and_outside_any_run_is_not_reported(detector: Collector) -> None:
+    async def main() -> None:
+        await trio.to_thread.run_sync(time.sleep, 0.001)
+        await trio.to_thread.run_sync(os.stat, ".")
+        os.stat("..")  # the one call on the run loop
+
+    os.stat(".")  # before the run
+    trio.run(main)
+    os.stat(".")  # after it
+    assert [c["event"] for c in detector.calls] == ["os.stat(..)"]
+
+
+def test_raise_on_violations_fails_the_trio_task_at_the_call(detector: Collector) -> None:
+    outcome: dict[str, Any] = {}
+
+    async def offender() -> None:
+        try:
+            time.sleep(0.2)
+        except aiocop.HighSeverityBlockingIoException as exc:
+            outcome["raised"] = exc  # raised at the call, in this task, before the call slept
+        outcome["offender_went_on"] = True
+
+    async def bystander() -> None:
+        await trio.sleep(0)
+        outcome["bystander_finished"] = True
+
+    async def main() -> None:
+        with aiocop.raise_on_violations():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(offender)
+                nursery.start_soon(bystander)
+
+    started = time.monotonic()
+    trio.run(main)
+    assert isinstance(outcome["raised"], aiocop.HighSeverityBlockingIoException)
+    assert "time.sleep" in str(outcome["raised"])
+    assert time.monotonic() - started < 0.2, "the call did not proceed"
+    assert outcome == {**outcome, "offender_went_on": True, "bystander_finished": True}
+    (call,) = detector.calls
+    assert call["name"] == "time.sleep" and call["raised"]
+
+
+def test_an_uncaught_violation_ends_the_run_with_the_tasks_error(detector: Collector) -> None:
+    async def main() -> None:
+        with aiocop.raise_on_violations():
+            time.sleep(0.2)
+
+    with pytest.raises(aiocop.HighSeverityBlockingIoException):
+        trio.run(main)  # raised by the main task itself: no nursery, no group
+    assert [c["name"] for c in detector.calls] == ["time.sleep"]
+
+
+def test_detection_started_inside_a_running_trio_run(detector: Collector) -> None:
+    aiocop.stop()
+
+    async def main() -> None:
+        aiocop.start_blocking_io_detection()
+        os.stat(".")
+
+    trio.run(main)
+    assert [c["event"] for c in detector.calls] == ["os.stat(.)"]
+
+
+def test_a_run_leaves_nothing_of_itself_behind(detector: Collector) -> None:
+    runs: list[weakref.ref[Any]] = []
+
+    async def main() -> None:
+        from trio.lowlevel import current_root_task
+
+        runs.append(weakref.ref(current_root_task()))
+        os.stat(".")
+
+    trio.run(main)
+    gc.collect()
+    state = _hook.current_state()
+    assert state.base_frame is None, "a frame of trio's (and its run) kept as a loop's edge"
+    assert state.trio_run is None
+    assert runs[0]() is None, "the run's root task outlived it"
+    assert len(detector.events) == 1
+
+
+def test_delivered_off_the_run_with_delivery_thread(detector: Collector) -> None:
+    aiocop.start_blocking_io_detection(delivery="thread")
+    threads: list[int] = []
+    aiocop.register_slow_task_callback(lambda event: threads.append(threading.get_ident()))
+
+    async def main() -> None:
+        os.stat(".")
+
+    trio.run(main)
+    events = detector.settle(1)
+    assert [c["event"] for e in events for c in e.blocking_events] == ["os.stat(.)"]
+    assert threads and threads[0] != threading.get_ident()
+
+
+def test_a_guest_run_is_checked_as_anyio_runs_tests() -> None:
+    # anyio's pytest plugin runs trio as a guest of a plain loop on the test's thread
+    # (trio.lowlevel.start_guest_run): a step's calls are delivered before its outcome reaches the host.
+    out = run_python("""
+        import os, queue, time, trio, trio.lowlevel
+        import aiocop
+
+        seen = []
+        aiocop.start_blocking_io_detection()
+        aiocop.register_slow_task_callback(lambda e: seen.append([c["event"] for c in e.blocking_events]))
+
+        async def main():
+            time.sleep(0.001)
+            return seen[:]  # the step is not over yet: nothing delivered
+
+        calls, done = queue.Queue(), []
+        trio.lowlevel.start_guest_run(main, run_sync_soon_threadsafe=calls.put, done_callback=done.append)
+        while not done:
+            calls.get()()
+        print(done[0].unwrap(), seen)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[] [['time.sleep(0.001)']]"
+
+
+def test_trio_imported_after_detection_started() -> None:
+    # The usual order: detection first, at start-up; trio's run is learnt as it starts.
+    out = run_python("""
+        import sys
+        import aiocop
+
+        seen = []
+        aiocop.start_blocking_io_detection()
+        aiocop.register_slow_task_callback(lambda e: seen.extend(c["event"] for c in e.blocking_events))
+        assert "trio" not in sys.modules
+        import os, trio
+
+        async def main():
+            os.stat(".")
+
+        trio.run(main)
+        print(seen)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['os.stat(.)']"
+
+
+def test_a_program_without_trio_never_imports_it() -> None:
+    out = run_python("""
+        import asyncio, os, sys
+        import aiocop
+
+        aiocop.start_blocking_io_detection()
+
+        async def main():
+            os.stat(".")
+
+        asyncio.run(main())
+        print(sorted(m for m in sys.modules if m.partition(".")[0] in ("trio", "sniffio", "outcome")))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_both_backends_in_one_process(detector: Collector) -> None:
+    # anyio runs a suite on asyncio and trio in one process: each run reports its own calls.
+    import asyncio
+
+    async def on_trio() -> None:
+        os.stat(".")
+
+    async def on_asyncio() -> None:
+        os.stat("..")
+
+    trio.run(on_trio)
+    asyncio.run(on_asyncio())
+    trio.run(on_trio)
+    loops = [(e.loop.partition(".")[0], e.blocking_events[0]["event"]) for e in detector.events]
+    assert loops == [("trio", "os.stat(.)"), ("asyncio", "os.stat(..)"), ("trio", "os.stat(.)")]
