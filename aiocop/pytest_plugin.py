@@ -79,7 +79,9 @@ class _Session:
         self.baseline_written: str | None = None  # what writing it said, for the summary
         self.timeline: Timeline | None = None  # with --aiocop-html: the session's steps
         self.html_written: str | None = None
-        self.unchecked_trio = 0  # test bodies anyio ran on trio, which aiocop does not watch yet
+        # Test bodies anyio ran on trio under --aiocop-threshold-ms: their blocking calls are
+        # checked, their stalls not (the watchdog watches asyncio's loops only, so far).
+        self.unchecked_trio = 0
         # Beside pytest-timeout (`_pytest_support.timeouts`): the terminal's
         # stderr, kept for the tests it ends with os._exit; whether a timed
         # test's hang threshold is in force; whether the watchdog runs for
@@ -268,9 +270,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if session is not None and session.unchecked_trio:
         count = session.unchecked_trio
         terminalreporter.write_line(
-            f"aiocop: {count} test{'s' if count != 1 else ''} ran on trio (anyio_backend 'trio') and "
-            f"{'were' if count != 1 else 'was'} not checked: aiocop watches asyncio's event loops, not trio's "
-            "yet, so a blocking call in them passes unseen (their runs on asyncio are checked)"
+            f"aiocop: {count} test{'s' if count != 1 else ''} ran on trio (anyio_backend 'trio'): their "
+            "blocking calls are checked, their stalls are not: the watchdog (--aiocop-threshold-ms) watches "
+            "asyncio's event loops, not trio's yet (their runs on asyncio are checked for both)"
         )
 
 
@@ -368,7 +370,7 @@ def _watch(item: pytest.Item, phase: str) -> Generator[None, object, object]:
         for rule in state.rules:
             aiocop.add_allow_rule(rule)
     _portal.install()  # a TestClient's requests carry the test's line (cheap once done)
-    if phase == "call" and state.checked(phase) and _on_trio(item):
+    if phase == "call" and state.checked(phase) and settings.threshold_ms is not None and _on_trio(item):
         session.unchecked_trio += 1
     events = state.events[phase]
     try:

@@ -1,17 +1,26 @@
 """`import aiocop` is lazy (PEP 562): the detector loads on first use.
 
-The pytest plugin, loaded by every pytest run, never loads it while switched off.
+The pytest plugin, loaded by every pytest run, never loads it while switched off; and trio, an
+optional dependency, is never imported for a program that does not import it.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import TYPE_CHECKING
 
 import pytest
 
 import aiocop
-from tests.conftest import run_python
+from tests.conftest import ROOT, run_python
 from tests.pytester_args import QUIET
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # Modules that make up the detector: none is needed to import aiocop or to load the plugin switched off.
 DETECTOR = (
@@ -78,3 +87,35 @@ def test_pytest_plugin_switched_off_loads_no_detector_module(pytester: pytest.Py
     result.assert_outcomes(passed=1)
     line = next(line for line in result.outlines if "LOADED" in line)
     assert set(DETECTOR) <= set(json.loads(line.split("LOADED", 1)[1]))  # switched on, it is
+
+
+def test_detection_never_imports_trio_for_a_program_that_does_not(tmp_path: Path) -> None:
+    # trio is an optional dependency (issue 41): aiocop looks for it in sys.modules, never imports it,
+    # whether detection is started by the API or by `python -m aiocop run`.
+    program = tmp_path / "prog.py"
+    program.write_text(
+        textwrap.dedent("""
+        import asyncio, os, sys
+        import aiocop
+
+        if "--api" in sys.argv:
+            aiocop.start_blocking_io_detection()
+
+        async def main():
+            os.stat(".")
+
+        asyncio.run(main())
+        print(sorted(m for m in sys.modules if m.partition(".")[0] in ("trio", "outcome", "sniffio")))
+        """)
+    )
+    for command in ([str(program), "--api"], ["-m", "aiocop", "run", str(program)]):
+        result = subprocess.run(
+            [sys.executable, *command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": ROOT},
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "[]", (command, result.stdout)

@@ -1063,10 +1063,12 @@ def test_a_baseline_that_cannot_be_written_fails_the_run(pytester: pytest.Pytest
         refused.stderr.fnmatch_lines([f"ERROR: --aiocop-write-baseline: expected a file name, got {bad!r}*"])
 
 
-def test_tests_run_on_trio_are_counted_once_as_unchecked(pytester: pytest.Pytester) -> None:
+def test_tests_run_on_trio_are_counted_once_as_unchecked_for_stalls(pytester: pytest.Pytester) -> None:
     # anyio runs a test marked anyio on each backend its anyio_backend fixture
-    # gives (FastAPI's suite: asyncio and trio). trio is not installed here:
-    # a plain test asking for the fixture stands in for anyio's runs (issue 38).
+    # gives (FastAPI's suite: asyncio and trio). Their blocking calls are
+    # checked on trio too (issue 41); their stalls not yet, which is said once
+    # when stalls are asked for. A plain test asking for the fixture stands in
+    # for anyio's runs (issue 38).
     pytester.makepyfile(
         test_trio="""
         import time
@@ -1080,10 +1082,93 @@ def test_tests_run_on_trio_are_counted_once_as_unchecked(pytester: pytest.Pytest
             time.sleep(0)
         """
     )
-    result = run(pytester, "--aiocop")
+    result = run(pytester, "--aiocop", "--aiocop-threshold-ms=10000")
     text = result.stdout.str()
     assert text.count("ran on trio") == 1
-    assert "aiocop: 2 tests ran on trio (anyio_backend 'trio') and were not checked" in text
+    assert (
+        "aiocop: 2 tests ran on trio (anyio_backend 'trio'): their blocking calls are checked, their stalls are not"
+        in text
+    )
+    assert "ran on trio" not in run(pytester, "--aiocop").stdout.str(), "blocking calls alone: all is checked"
+
+
+ANYIO_TESTS = """
+import os
+import time
+
+import anyio
+import pytest
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request):
+    return request.param
+
+
+async def test_sleeps(anyio_backend):
+    await anyio.sleep(0)
+    time.sleep(0.05)  # the blocking line
+
+
+async def test_clean(anyio_backend):
+    await anyio.sleep(0)
+    await anyio.to_thread.run_sync(time.sleep, 0.01)  # off the loop: fine
+
+
+async def test_reads_its_events(anyio_backend, aiocop_events):
+    os.stat(".")
+    assert aiocop_events.names() == ["os.stat"]  # its own step, delivered from inside it
+"""
+
+
+def test_an_anyio_test_on_trio_fails_at_its_blocking_line(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("trio")
+    pytester.makepyfile(test_anyio=ANYIO_TESTS)
+    result = run(pytester, "--aiocop")
+    assert outcomes(result) == {
+        "test_sleeps[asyncio]": {"FAILED"},
+        "test_sleeps[trio]": {"FAILED"},
+        "test_clean[asyncio]": {"PASSED"},
+        "test_clean[trio]": {"PASSED"},
+        "test_reads_its_events[asyncio]": {"PASSED"},
+        "test_reads_its_events[trio]": {"PASSED"},
+    }
+    line = line_of(ANYIO_TESTS.strip(), "# the blocking line")
+    report = section(result, "test_sleeps[trio]")
+    assert "time.sleep(0.05)" in report
+    assert f"at test_anyio.py:{line}:test_sleeps" in report
+    assert "in task 'anyio._backends._trio.TestRunner._run_tests_and_fixtures'" in report
+    assert "await trio.to_thread.run_sync(...)" in report
+    assert f"at test_anyio.py:{line}:test_sleeps" in section(result, "test_sleeps[asyncio]")
+    assert "ran on trio" not in result.stdout.str()
+
+
+def test_a_pytest_trio_test_fails_at_its_blocking_line(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("pytest_trio")
+    source = """
+    import time
+
+    import pytest
+    import trio
+
+
+    @pytest.mark.trio
+    async def test_sleeps():
+        await trio.sleep(0)
+        time.sleep(0.05)  # the blocking line
+
+
+    @pytest.mark.trio
+    async def test_clean():
+        await trio.to_thread.run_sync(time.sleep, 0.01)
+    """
+    pytester.makepyfile(test_pytest_trio=source)
+    result = run(pytester, "--aiocop")
+    assert outcomes(result) == {"test_sleeps": {"FAILED"}, "test_clean": {"PASSED"}}
+    line = line_of(textwrap.dedent(source).strip(), "# the blocking line")
+    assert f"at test_pytest_trio.py:{line}:test_sleeps" in section(result, "test_sleeps")
 
 
 def test_a_testclient_request_names_the_tests_line(pytester: pytest.Pytester) -> None:

@@ -70,6 +70,16 @@ def run_namespace() -> Any | None:
     return namespace
 
 
+def current_task() -> TrioTask | None:
+    """The trio task running a step on this thread, if any (`trio.lowlevel.current_task()`, without raising).
+
+    For the pytest plugin's `settle()` (`_pytest_support.events`): read from inside a trio task, the
+    `aiocop_events` fixture delivers that task's own step as it does an asyncio task's.
+    """
+    namespace = run_namespace()
+    return None if namespace is None else namespace.__dict__.get("task")
+
+
 class TrioRun:
     """One trio run where aiocop needs an event loop: what a step's calls are delivered on, and named after.
 

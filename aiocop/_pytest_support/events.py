@@ -24,6 +24,8 @@ from aiocop._common.escape import printable
 from aiocop._configuration.baseline import Key, call_keys, stall_key
 from aiocop._interception import hook as _hook
 from aiocop._interception import loops as _loops
+from aiocop._interception import trio_runs as _trio_runs
+from aiocop._interception.trio_runs import TRIO_PACKAGE_PREFIX
 from aiocop._model.events import is_hang_report
 from aiocop._model.severity import level_rank, level_threshold
 from aiocop._reporting import delivery as _delivery
@@ -93,15 +95,17 @@ def settle() -> None:
     in other threads to run what it handed them, then for the delivery worker.
     From inside a loop (a test reading `aiocop_events`), waiting is out of
     the question: deliver this thread's pending steps, including the one
-    running now, whose later calls start a new event.
+    running now, whose later calls start a new event. A trio task is inside
+    a loop as much as an asyncio one.
     """
-    if asyncio._get_running_loop() is None:
+    trio_task = _trio_runs.current_task()
+    if trio_task is None and asyncio._get_running_loop() is None:
         _watchdog.watchdog.sync()
         _through_running_loops()
         _delivery.drain()
         return
     ident = threading.get_ident()
-    task = asyncio.current_task()
+    task = asyncio.current_task() if trio_task is None else trio_task
     for group in list(_hook.unclaimed):
         if group.thread_id != ident:
             continue
@@ -309,8 +313,11 @@ def _advice(events: Sequence[SlowTaskEvent]) -> list[str]:
     if own:
         names = sorted(own)
         quoted = ", ".join(f'"{name}"' for name in names)
+        # A trio run is named after its Runner (trio._core._run.Runner@...): offload the trio way there.
+        on_trio = any(event.loop.startswith(TRIO_PACKAGE_PREFIX) for event in events)
+        offload = "trio.to_thread.run_sync(...), or anyio's" if on_trio else "asyncio.to_thread(...)"
         lines.append(
-            f"Make it non-blocking (e.g. await asyncio.to_thread(...)), or allow it: "
+            f"Make it non-blocking (e.g. await {offload}), or allow it: "
             f"@pytest.mark.aiocop_allow({quoted}) on the test, or a line '{' '.join(names)}' in the ini "
             f"key aiocop_allow."
         )
