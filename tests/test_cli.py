@@ -120,6 +120,42 @@ def test_uvloop_without_an_event_loop_policy(tmp_path: Path) -> None:
     assert "uvloop" not in plain.stdout, plain.stdout
 
 
+TRIO_PROGRAM = """
+import os, time, trio
+
+async def worker():
+    os.stat(".")  # light, in each of three child tasks
+
+async def main():
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(worker)
+    time.sleep(0.04)  # heavy, once
+    await trio.to_thread.run_sync(time.sleep, 0.01)  # in trio's worker thread: off the run loop
+    print("trio program ran")
+
+trio.run(main)
+"""
+
+
+def test_a_trio_program(tmp_path: Path) -> None:
+    # trio's run loop is not asyncio's: its tasks' blocking calls are reported all the same (issue 41).
+    pytest.importorskip("trio")
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(TRIO_PROGRAM))
+    result = aiocop_run("run", script.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "trio program ran\n"
+    lines = result.stderr.splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("call site")))
+    rows = [line.split() for line in lines[header + 2 :]]
+    assert [(r[0], r[1], r[2], r[-1]) for r in rows] == [
+        ("prog.py:11:main", "time.sleep", "1", "high"),
+        ("prog.py:5:worker", "os.stat", "3", "low"),
+    ]
+    assert "4 blocking call(s) and 0 stall(s) at 2 call site(s)" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("level", "status"),
     [("high", 3), ("low", 3)],
