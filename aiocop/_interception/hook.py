@@ -133,17 +133,20 @@ _CONDITIONS: dict[str, Callable[[tuple[Any, ...]], bool]] = {
 # a module global: a local is the fastest read there is, swapping the defaults
 # tuple is atomic (a hook running in another thread sees the old table or the
 # new one), and it survives the interpreter's shutdown, which sets module
-# globals to None while the hook (which cannot be removed) still runs. Its
-# second default is trio's run namespace (`trio_runs.run_namespace`), None
-# until the program imports trio: a call off every asyncio loop costs a
-# program without trio one test of a local more.
+# globals to None while the hook (which cannot be removed) still runs.
 _NO_RULES: dict[str, _Rule] = {}
+# trio's run namespace (`trio_runs.run_namespace`), None until the program
+# imports trio. A module global, not a third default: it is read only for a
+# call off every asyncio loop (a program without trio pays that one read),
+# where a default would cost every audit event of the process; None at
+# shutdown, it reads as "no trio".
+_trio: Any = None
 
 
 def rebuild() -> None:
     """Compile the hook's table from the live rules and the on/off switches."""
     if not (_state.started and _state.active):
-        audit_hook.__defaults__ = (_NO_RULES.get, None)
+        audit_hook.__defaults__ = (_NO_RULES.get,)
         return
     table: dict[str, _Rule] = {
         event: _Rule(
@@ -156,26 +159,20 @@ def rebuild() -> None:
     }
     for event in _LOOP_BOUNDARY_EVENTS:
         table[event] = _Rule(0, None, True)
-    namespace = run_namespace()
-    audit_hook.__defaults__ = (table.get, namespace)
-    _wrappers.use_trio(namespace)
+    audit_hook.__defaults__ = (table.get,)
+    learn_trio()
 
 
 def learn_trio() -> None:
-    """Give the hook and the wrappers trio's run namespace, if the program imported trio since detection started."""
-    defaults = audit_hook.__defaults__
-    if defaults is not None and defaults[0] is not _NO_RULES.get and defaults[1] is None:
-        namespace = run_namespace()
-        if namespace is not None:
-            audit_hook.__defaults__ = (defaults[0], namespace)
-            _wrappers.use_trio(namespace)
+    """Give the hook and the wrappers trio's run namespace, once the program has imported trio."""
+    global _trio
+    if _trio is None:
+        _trio = run_namespace()
+        _wrappers.use_trio(_trio)
 
 
 def audit_hook(  # noqa: PLR0912 - one function on purpose: a call costs more than its branches
-    event: str,
-    args: tuple[Any, ...],
-    _lookup: Callable[[str], _Rule | None] = _NO_RULES.get,
-    _trio: Any = None,
+    event: str, args: tuple[Any, ...], _lookup: Callable[[str], _Rule | None] = _NO_RULES.get
 ) -> None:
     # Hot path: keep the two early exits first and allocation-free. The slow
     # path is inlined below (a Python call costs more than the rest of it).
