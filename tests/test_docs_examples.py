@@ -64,6 +64,7 @@ RUN_HERE = {
     "examples/scopes.py": "test_scopes_example",
     "examples/custom_event.py": "test_custom_event_example",
     "examples/loops.py": "test_loops_example",
+    "examples/trio_app.py": "test_trio_example",
     "examples/pytest/test_markers.py": "test_pytest_markers_example",
     "examples/migration/test_with_blockbuster.py": "test_blockbuster_example",
     "examples/migration/test_with_aiocop.py": "test_migrated_example",
@@ -407,6 +408,13 @@ def test_loops_example() -> None:
         installed = name == "asyncio" or importlib.util.find_spec(name) is not None
         assert outcome == (expected if installed else "not installed"), name
     assert lines["uvloop"] == expected, "uvloop is a test dependency: it must be exercised"
+
+
+def test_trio_example() -> None:
+    pytest.importorskip("trio")
+    assert run_example("examples/trio_app.py").splitlines() == [
+        "handler examples/trio_app.py:24:handler ['time.sleep']"
+    ]
 
 
 # --- pytest examples -----------------------------------------------------------------------------

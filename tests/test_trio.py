@@ -229,3 +229,18 @@ def test_both_backends_in_one_process(detector: Collector) -> None:
     trio.run(on_trio)
     loops = [(e.loop.partition(".")[0], e.blocking_events[0]["event"]) for e in detector.events]
     assert loops == [("trio", "os.stat(.)"), ("asyncio", "os.stat(..)"), ("trio", "os.stat(.)")]
+
+
+def test_a_scope_set_before_start_soon_follows_into_the_child_task(detector: Collector) -> None:
+    # trio copies the spawning task's context into the child, as asyncio does: scoped switches follow.
+    async def child(path: str) -> None:
+        os.stat(path)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            with aiocop.allow_blocking("os.stat"):
+                nursery.start_soon(child, ".")
+            nursery.start_soon(child, "..")
+
+    trio.run(main)
+    assert [c["event"] for c in detector.calls] == ["os.stat(..)"]
