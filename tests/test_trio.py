@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gc
 import os
+import socket
+import sys
 import threading
 import time
 import weakref
@@ -244,3 +246,90 @@ def test_a_scope_set_before_start_soon_follows_into_the_child_task(detector: Col
 
     trio.run(main)
     assert [c["event"] for c in detector.calls] == ["os.stat(..)"]
+
+
+def test_trios_own_numeric_lookups_and_process_start_are_not_reported(detector: Collector) -> None:
+    # trio tries getaddrinfo with AI_NUMERICHOST in the task (no DNS), and wraps a process's pidfd in a
+    # FileIO: known-harmless (internals.HARMLESS). Its sockets are non-blocking, its Popen in a thread.
+    async def echo(stream: Any) -> None:
+        async for data in stream:
+            await stream.send_all(data)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(trio.serve_tcp, echo, 0)
+            port = listeners[0].socket.getsockname()[1]
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"ping")
+            assert await stream.receive_some(4) == b"ping"
+            await stream.aclose()
+            done = await trio.run_process([sys.executable, "-c", "pass"])
+            assert done.returncode == 0
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert detector.calls == []
+
+
+def test_a_custom_resolvers_own_lookup_is_still_reported(detector: Collector) -> None:
+    # The near miss of the rule above: an application's resolver, called by trio's getaddrinfo.
+    class BlockingResolver(trio.abc.HostnameResolver):
+        async def getaddrinfo(self, *args: Any) -> Any:
+            return socket.getaddrinfo("127.0.0.1", 80)  # the resolver's blocking line
+
+        async def getnameinfo(self, *args: Any) -> Any:
+            raise NotImplementedError
+
+    async def main() -> None:
+        trio.socket.set_custom_hostname_resolver(BlockingResolver())
+        await trio.socket.getaddrinfo("example.invalid", 80)
+
+    trio.run(main)
+    (call,) = detector.calls
+    assert call["name"] == "socket.getaddrinfo"
+    assert call["entry_point"].endswith(":getaddrinfo") and "test_trio.py" in call["entry_point"], call
+
+
+def test_runs_in_two_threads_at_once_each_report_their_own(detector: Collector) -> None:
+    both_running = threading.Barrier(2, timeout=30)
+
+    async def main(path: str) -> None:
+        await trio.to_thread.run_sync(both_running.wait)  # off the run loops: both runs are under way
+        os.stat(path)
+
+    threads = [threading.Thread(target=trio.run, args=(main, path), name=f"trio-{path}") for path in (".", "..")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    seen = sorted((e.thread_name, e.blocking_events[0]["event"]) for e in detector.events)
+    assert seen == [("trio-.", "os.stat(.)"), ("trio-..", "os.stat(..)")]
+    assert len({e.loop for e in detector.events}) == 2, "each run is its own loop"
+
+
+def test_the_entry_queue_lock_held_by_a_worker_thread_is_not_reported(detector: Collector) -> None:
+    # trio's worker threads hand results back through the run's entry queue, under its lock: the run
+    # loop waiting a moment for it is trio's own synchronisation (internals.HARMLESS). Held here by a
+    # thread of the test's, through trio's private attribute, so that the task's run_sync_soon waits.
+    release = threading.Event()
+
+    async def main() -> None:
+        token = trio.lowlevel.current_trio_token()
+        lock = token._reentry_queue.lock  # trio's entry queue lock (what the rule is about)
+        held = threading.Event()
+
+        def holder() -> None:
+            with lock:
+                held.set()
+                release.wait(30)
+
+        thread = threading.Thread(target=holder)
+        thread.start()
+        while not held.is_set():
+            await trio.sleep(0.001)
+        threading.Timer(0.2, release.set).start()  # the task below waits on the lock until then
+        token.run_sync_soon(lambda: None)
+        await trio.to_thread.run_sync(thread.join, 30)
+
+    trio.run(main)
+    assert detector.calls == []

@@ -312,6 +312,27 @@ HARMLESS: tuple[HarmlessRule, ...] = (
         "so no loop frame shows)",
     ),
     HarmlessRule(
+        event=("socket.getaddrinfo",),
+        caller_modules=("socket",),
+        inside_modules=("trio._socket",),
+        reason="trio's `getaddrinfo()` (under `open_tcp_stream()`, `serve_tcp()`, a socket's `connect()`) "
+        "trying the address as numeric first (`AI_NUMERICHOST`, no DNS), in the task; a name to resolve goes "
+        "to a worker thread. A custom resolver of the application's stays reported",
+    ),
+    HarmlessRule(
+        event=("threading.Lock.acquire",),
+        caller_modules=("trio._core._entry_queue",),
+        reason="trio's entry queue (`run_sync_soon`) taking its lock while a worker thread holds it for a moment "
+        "to hand back a result (`trio.to_thread`), as asyncio's executor synchronisation above",
+    ),
+    HarmlessRule(
+        event=("open",),
+        caller_modules=("trio._subprocess",),
+        caller_functions=("__init__",),
+        reason="trio's `run_process()`/`open_process()` wrapping the process's pidfd in a file object "
+        "(`FileIO(fd)`: no path is opened); the process itself starts in a worker thread",
+    ),
+    HarmlessRule(
         event=(),
         caller_modules=("_pytest", "pluggy", "coverage", "pytest_asyncio"),
         reason="pytest, pluggy, pytest-asyncio and coverage.py internals",
