@@ -65,7 +65,8 @@ def start_blocking_io_detection(
 
     Call it once at start-up, before or after any loop exists: every loop
     started later, in any thread (asyncio, uvloop, rloop, veloxloop, ...), is
-    covered. Calling it again reconfigures detection.
+    covered, and so is every trio run (its tasks' blocking calls; added in
+    2.0). Calling it again reconfigures detection.
 
     Args:
         trace_depth: Frames kept per blocking call.
