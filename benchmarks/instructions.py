@@ -1,6 +1,7 @@
 """Instructions per task, counted by valgrind: a cost figure that load on the machine cannot move.
 
     python benchmarks/instructions.py [--loop uvloop] [--scenarios stat deep stat2 pure] [--tasks 3000]
+    python benchmarks/instructions.py --loop trio --scenarios pure stat stat2
     python benchmarks/instructions.py --table | --markdown | --docs | --json [--with-blockbuster]
 
 `--table` measures the cost table of issue 26 (each call kind on asyncio
@@ -25,6 +26,9 @@ difference by the number of tasks, so start-up and set-up cancel out. Modes:
   the audit hook's first look only;
 - `full`: detection on, every event delivered to a counting callback with
   a 5-frame trace (as in the suite's per-task section).
+
+`--loop trio` runs `pure`, `stat` and `stat2` as trio tasks (a checkpoint for
+`asyncio.sleep(0)`, 500 at a time in a nursery).
 
 Scenarios: `pure` (`await asyncio.sleep(0)`), `stat` (one `os.stat` per task),
 `stat2` (two in one step: the second one's cost is a call's without the
@@ -74,7 +78,10 @@ import sys
 import tempfile
 import threading
 import traceback
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 MODES = ("baseline", "inert", "full")
 SCENARIOS = ("pure", "stat", "stat2", "deep", "allowed", "harmless")
@@ -189,6 +196,45 @@ BODIES = {
 SILENT = frozenset({"pure", "allowed", "harmless"})
 
 
+# `--loop trio`: the same tasks on trio's run loop (issue 41), a checkpoint where asyncio's sleep(0).
+async def _trio_pure() -> None:
+    await TRIO_CHECKPOINT()
+
+
+async def _trio_stat() -> None:
+    os.stat(".")
+    await TRIO_CHECKPOINT()
+
+
+async def _trio_stat2() -> None:
+    os.stat(".")
+    os.stat(".")
+    await TRIO_CHECKPOINT()
+
+
+TRIO_CHECKPOINT: Any = None  # trio.lowlevel.checkpoint, set by a trio child
+TRIO_BODIES = {"pure": _trio_pure, "stat": _trio_stat, "stat2": _trio_stat2}
+
+
+def _trio_runner(scenario: str) -> Callable[[int], None]:
+    # Runs `count` tasks of the scenario, BATCH at a time in a nursery, in one trio.run each time.
+    global TRIO_CHECKPOINT
+    import trio
+
+    TRIO_CHECKPOINT = trio.lowlevel.checkpoint
+    body = TRIO_BODIES.get(scenario)
+    if body is None:
+        sys.exit(f"--loop trio measures {', '.join(TRIO_BODIES)}, not {scenario}")
+
+    async def run(count: int) -> None:
+        for _ in range(0, count, BATCH):
+            async with trio.open_nursery() as nursery:
+                for _ in range(BATCH):
+                    nursery.start_soon(body)
+
+    return lambda count: trio.run(run, count)
+
+
 def child(mode: str, scenario: str, loop_name: str, tasks: int) -> None:
     delivered = [0]
     if mode == "floor":
@@ -213,16 +259,22 @@ def child(mode: str, scenario: str, loop_name: str, tasks: int) -> None:
             await asyncio.gather(*(body() for _ in range(BATCH)))
         await asyncio.sleep(0)  # the last batch's delivery
 
-    if loop_name == "asyncio":
-        loop = asyncio.new_event_loop()
+    if loop_name == "trio":
+        run_trio = _trio_runner(scenario)
+        run_trio(2 * BATCH)  # warm-up, as below
+        delivered[0] = 0
+        run_trio(tasks)
     else:
-        import importlib
+        if loop_name == "asyncio":
+            loop = asyncio.new_event_loop()
+        else:
+            import importlib
 
-        loop = importlib.import_module(loop_name).new_event_loop()
-    loop.run_until_complete(run(2 * BATCH))  # warm-up: caches, lazy imports, specialisation
-    delivered[0] = 0
-    loop.run_until_complete(run(tasks))
-    loop.close()
+            loop = importlib.import_module(loop_name).new_event_loop()
+        loop.run_until_complete(run(2 * BATCH))  # warm-up: caches, lazy imports, specialisation
+        delivered[0] = 0
+        loop.run_until_complete(run(tasks))
+        loop.close()
     expected = tasks if mode in ("full", "floor") and scenario not in SILENT else 0
     if delivered[0] != expected:
         sys.exit(f"{mode}/{scenario}: {delivered[0]} events delivered, expected {expected}")
