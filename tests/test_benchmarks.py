@@ -175,6 +175,21 @@ def test_instruction_count_programs_check_their_events(mode: str) -> None:
         assert done.returncode == 0, (program, done.stderr[-2000:])
 
 
+@pytest.mark.parametrize("mode", ["baseline", "inert", "full"])
+def test_instruction_count_programs_on_trio_check_their_events(mode: str) -> None:
+    # `--loop trio` (issue 41): the same check, the tasks run by trio.run in nurseries.
+    pytest.importorskip("trio")
+    for scenario in ("pure", "stat", "stat2"):
+        done = subprocess.run(
+            [sys.executable, str(INSTRUCTIONS), "--child", mode, scenario, "trio", "500"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, (scenario, done.stderr[-2000:])
+
+
 @pytest.mark.timeout(330)  # seconds on a quiet machine; the bound is for a busy one
 def test_watchdog_busy_cost_runs_and_checks_its_events() -> None:
     done = subprocess.run(
