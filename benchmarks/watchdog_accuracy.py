@@ -18,6 +18,10 @@ watchdog the machine starved of CPU, is still counted, and told apart); its erro
 is the reported `elapsed_ms` against the step's own measured length (the
 SPEC's tolerance: 10 % or 2 ms, whichever is larger). `--busy N` runs N
 CPU-bound processes alongside (a shared machine whose cores are busy).
+Each gap ends as the loop's own timer ends (`asyncio.sleep`), or with
+`--wake io` as another thread's call wakes it (a request after a quiet
+spell: nothing tells the watchdog in advance); `--idle-looks` chooses
+`start_cpu_sampling(precise_idle=...)` for the loops that cannot be armed.
 
 Loops: `asyncio`, `uvloop`, and `bound`, the stand-in for Leviathan
 (tests/bound_loop.py: a loop written in C that binds its start signals at
@@ -26,7 +30,7 @@ it started and finds it on its thread's stack); `leviathan` when built by
 hand (docs/how-to/loops.md), imported before set-up too.
 
     python benchmarks/watchdog_accuracy.py [--repeat 3] [--loops asyncio uvloop bound] [--busy 2] [--gaps 0 0.5 1.2]
-        [--idle-looks cheap|precise]
+        [--idle-looks cheap|precise] [--wake timer|io]
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,8 +103,21 @@ class Cell:
         return statistics.median(errors) if errors else math.nan
 
 
+async def idle_for(gap: float, wake: str) -> None:
+    if wake == "timer":
+        await asyncio.sleep(gap)
+        return
+    # Woken by another thread (the loop's self-pipe: I/O), as a server's
+    # first request after a quiet spell wakes it: no timer of the loop's
+    # ends, and a loop written in C tells no one.
+    loop = asyncio.get_running_loop()
+    woken = loop.create_future()
+    threading.Timer(gap, loop.call_soon_threadsafe, (woken.set_result, None)).start()
+    await woken
+
+
 def run_loop(
-    name: str, repeat: int, gaps: tuple[float, ...], events: list[aiocop.SlowTaskEvent]
+    name: str, repeat: int, gaps: tuple[float, ...], events: list[aiocop.SlowTaskEvent], wake: str = "timer"
 ) -> dict[tuple[str, float, float], Cell]:
     cells: dict[tuple[str, float, float], Cell] = {}
 
@@ -118,7 +136,7 @@ def run_loop(
         await asyncio.sleep(0)
 
     async def one(case: str, gap: float, multiple: float, func: Callable[[float], object]) -> None:
-        await asyncio.sleep(gap)
+        await idle_for(gap, wake)
         before = len(events)
         lengths: list[float] = []
         seconds = multiple * THRESHOLD_MS / 1000
@@ -199,6 +217,12 @@ def main() -> None:
         default="precise",
         help="how an idle loop that cannot be armed is looked at: start_cpu_sampling(precise_idle=...)",
     )
+    parser.add_argument(
+        "--wake",
+        choices=("timer", "io"),
+        default="timer",
+        help="what ends each idle gap: the loop's own timer (asyncio.sleep), or another thread's call (I/O)",
+    )
     args = parser.parse_args()
     gaps = tuple(args.gaps)
     if not gaps or any(not math.isfinite(g) or g < 0 for g in gaps):
@@ -217,12 +241,13 @@ def main() -> None:
     aiocop.detect_slow_tasks(threshold_ms=THRESHOLD_MS, on_slow_task=events.append)
     print(
         f"Python {sys.version.split()[0]}, {os.cpu_count()} cores, {args.busy} CPU-bound processes alongside; "
-        f"threshold {THRESHOLD_MS:g} ms; {args.repeat} stalls per cell; {args.idle_looks} idle looks"
+        f"threshold {THRESHOLD_MS:g} ms; {args.repeat} stalls per cell; {args.idle_looks} idle looks; "
+        f"gaps ended by {args.wake}"
     )
     busy = hogs(args.busy)
     try:
         for name in installed:
-            report(name, gaps, run_loop(name, args.repeat, gaps, events))
+            report(name, gaps, run_loop(name, args.repeat, gaps, events, args.wake))
     finally:
         for hog in busy:
             hog.kill()

@@ -1,10 +1,12 @@
 """Arguments for the pytest runs the tests start with `pytester`.
 
 The dev environment installs packages whose pytest plugins every run loads:
-faker's (pulled in by litestar, for the framework examples) and hypothesis's
-add about 1.5 s to each start on CI machines, and none of them has anything
-to do with what these runs test. (pytester clears PYTEST_ADDOPTS, so the
+faker's (pulled in by litestar, for the framework examples), hypothesis's
+and pytest-trio's add about 1.9 s to each start on CI machines, and none of
+them has anything to do with what these runs test. (pytester clears PYTEST_ADDOPTS, so the
 arguments are passed explicitly.)
 """
 
-QUIET = ("-p", "no:cacheprovider", "-p", "no:faker", "-p", "no:hypothesispytest")
+QUIET_BUT_TRIO = ("-p", "no:cacheprovider", "-p", "no:faker", "-p", "no:hypothesispytest")
+# pytest-trio's plugin imports trio, 0.35 s of each start: only the run that tests it loads it.
+QUIET = (*QUIET_BUT_TRIO, "-p", "no:trio")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.pytester_args import QUIET
+from tests.pytester_args import QUIET, QUIET_BUT_TRIO
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -1165,7 +1165,8 @@ def test_a_pytest_trio_test_fails_at_its_blocking_line(pytester: pytest.Pytester
         await trio.to_thread.run_sync(time.sleep, 0.01)
     """
     pytester.makepyfile(test_pytest_trio=source)
-    result = run(pytester, "--aiocop")
+    pytester.makeini(BASE_INI)
+    result = pytester.runpytest_subprocess(*QUIET_BUT_TRIO, "-rA", "--aiocop", timeout=120)
     assert outcomes(result) == {"test_sleeps": {"FAILED"}, "test_clean": {"PASSED"}}
     line = line_of(textwrap.dedent(source).strip(), "# the blocking line")
     assert f"at test_pytest_trio.py:{line}:test_sleeps" in section(result, "test_sleeps")
