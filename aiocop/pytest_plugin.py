@@ -79,7 +79,7 @@ class _Session:
         self.baseline_written: str | None = None  # what writing it said, for the summary
         self.timeline: Timeline | None = None  # with --aiocop-html: the session's steps
         self.html_written: str | None = None
-        # Test bodies anyio ran on trio under --aiocop-threshold-ms: their blocking calls are
+        # Test bodies run on trio (pytest-trio, anyio) under --aiocop-threshold-ms: their blocking calls are
         # checked, their stalls not (the watchdog watches asyncio's loops only, so far).
         self.unchecked_trio = 0
         # Beside pytest-timeout (`_pytest_support.timeouts`): the terminal's
@@ -270,8 +270,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if session is not None and session.unchecked_trio:
         count = session.unchecked_trio
         terminalreporter.write_line(
-            f"aiocop: {count} test{'s' if count != 1 else ''} ran on trio (anyio_backend 'trio'): their "
-            "blocking calls are checked, their stalls are not: the watchdog (--aiocop-threshold-ms) watches "
+            f"aiocop: {count} test{'s' if count != 1 else ''} ran on trio (pytest-trio, or anyio_backend 'trio'): "
+            "their blocking calls are checked, their stalls are not: the watchdog (--aiocop-threshold-ms) watches "
             "asyncio's event loops, not trio's yet (their runs on asyncio are checked for both)"
         )
 
@@ -320,9 +320,12 @@ def _test_state(item: pytest.Item, settings: Settings) -> _TestState:
 
 
 def _on_trio(item: pytest.Item) -> bool:
-    # anyio's pytest plugin runs a test marked anyio on the backend its
+    # pytest-trio marks the tests it runs `trio` (in trio_mode too); anyio's
+    # pytest plugin runs a test marked anyio on the backend its
     # `anyio_backend` fixture gives: a name, or a (name, options) pair.
     # FastAPI's and others' suites parametrize it over asyncio and trio.
+    if item.get_closest_marker("trio") is not None:
+        return True
     backend = getattr(item, "funcargs", {}).get("anyio_backend")
     if isinstance(backend, tuple) and backend:
         backend = backend[0]

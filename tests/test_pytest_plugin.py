@@ -1086,9 +1086,9 @@ def test_tests_run_on_trio_are_counted_once_as_unchecked_for_stalls(pytester: py
     text = result.stdout.str()
     assert text.count("ran on trio") == 1
     assert (
-        "aiocop: 2 tests ran on trio (anyio_backend 'trio'): their blocking calls are checked, their stalls are not"
-        in text
-    )
+        "aiocop: 2 tests ran on trio (pytest-trio, or anyio_backend 'trio'): "
+        "their blocking calls are checked, their stalls are not"
+    ) in text
     assert "ran on trio" not in run(pytester, "--aiocop").stdout.str(), "blocking calls alone: all is checked"
 
 
@@ -1170,6 +1170,12 @@ def test_a_pytest_trio_test_fails_at_its_blocking_line(pytester: pytest.Pytester
     assert outcomes(result) == {"test_sleeps": {"FAILED"}, "test_clean": {"PASSED"}}
     line = line_of(textwrap.dedent(source).strip(), "# the blocking line")
     assert f"at test_pytest_trio.py:{line}:test_sleeps" in section(result, "test_sleeps")
+    assert "ran on trio" not in result.stdout.str(), "blocking calls alone: all is checked"
+    # Stalls asked for: pytest-trio's tests are counted as unchecked for them, as anyio's on trio are.
+    stalls = pytester.runpytest_subprocess(
+        *QUIET_BUT_TRIO, "-rA", "--aiocop", "--aiocop-threshold-ms=10000", timeout=120
+    )
+    assert "aiocop: 2 tests ran on trio (pytest-trio, or anyio_backend 'trio')" in stalls.stdout.str()
 
 
 def test_a_testclient_request_names_the_tests_line(pytester: pytest.Pytester) -> None:

@@ -1388,12 +1388,12 @@ def intervals(rec: Recorded, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def test_armed_loops_sleep_long_a_look_or_two_after_a_step(intervals: Any) -> None:
-    """Not half a second of looks every 4 ms after each step (125 wake-ups, 30 ms of CPU on a VM)."""
+    """Not half a second of looks every 4 ms after each step (125 wake-ups, 30 ms of CPU on a VM): 100 ms."""
     dog = intervals(armable=True)
     assert dog.after(0.0, busy=True) == near(0.002)  # in a step: the busy rate
     assert dog.after(0.002) == near(0.004)  # ended: a look soon, the next step may follow at once
-    assert dog.after(0.004) == near(0.004)
-    assert dog.after(0.005) == near(0.25)  # 11 ms after the step: armed, asleep for the armed idle interval
+    assert dog.after(0.094) == near(0.004)  # (a gap this short costs fewer looks than arming)
+    assert dog.after(0.005) == near(0.25)  # 101 ms after the step: armed, asleep for the armed idle interval
 
 
 def test_a_loop_start_keeps_the_looks_fast_for_half_a_second(intervals: Any) -> None:
@@ -1426,8 +1426,19 @@ def test_a_loop_that_cannot_be_armed_is_looked_at_every_idle_interval_by_default
     dog = intervals(armable=False)
     assert dog.after(0.0, busy=True) == near(0.002)
     assert dog.after(0.002) == near(0.004)
-    assert dog.after(0.011) == near(0.1)
+    assert dog.after(0.101) == near(0.1)
     assert dog.after(1.0) == near(0.1)
+
+
+def test_a_loop_whose_arming_callback_never_ran_gets_the_shorter_idle_interval(
+    intervals: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its tripwire is not in place: the looks are its only guard, every 100 ms, not the armed loops' 250."""
+    dog = intervals(armable=True)
+    monkeypatch.setattr(_tripwire, "in_place", lambda watch: False)
+    assert dog.after(1.0) == near(0.004)  # waiting for the arming callback: looks every few ms
+    assert dog.after(0.05) == near(0.004)
+    assert dog.after(0.06) == near(0.1)  # waited one idle interval in vain
 
 
 @pytest.mark.parametrize("how", ["asked", "by default"])
@@ -1439,7 +1450,7 @@ def test_precise_idle_looks_at_a_loop_that_cannot_be_armed_every_half_threshold(
     dog = intervals(armable=False)
     assert dog.after(0.0, busy=True) == near(0.002)
     assert dog.after(0.4) == near(0.004)
-    assert dog.after(0.11) == near(0.015)
+    assert dog.after(0.11) == near(0.015)  # (half a second after the step, not 100 ms)
     assert dog.after(1.0) == near(0.015)
 
 

@@ -74,12 +74,15 @@ _DISCOVERY_S = 1.0
 # `idle_interval_ms` (see Watchdog._next_interval).
 _FAST_FOR_S = 0.5
 _FAST_IDLE_S = 0.004
-# After a step while every loop can be armed: a look or two, then the loops
-# are armed and the watchdog sleeps long. Each look costs its thread's wake-up,
-# 0.1-0.3 ms of CPU on a VM: half a second of looks every 4 ms after each
-# step was 125 looks (about 30 ms of CPU) per quiet spell, where arming costs
-# one callback on the loop (issue 39).
-_FAST_AFTER_STEP_S = 0.01
+# After a step while every loop can be armed (or with cheap idle looks): a
+# few looks, then the loops are armed and the watchdog sleeps long. Each look
+# costs its thread's wake-up, 0.1-0.3 ms of CPU on a VM: half a second of
+# looks every 4 ms after each step was 125 looks (about 30 ms of CPU) per
+# quiet spell (issue 39). Arming costs a callback on the loop (0.3 ms of its
+# thread's CPU) and the tripwire's wake-up of this thread: with a request
+# every 20 or 50 ms, arming after 10 ms of quiet used 10-20 % more CPU than
+# the looks it saved; from 100 ms between requests it uses 40 % less.
+_FAST_AFTER_STEP_S = 0.1
 # A probe's tick seen under way is looked at again this long after it would
 # be a step (_tick_seen): the sleep's own wake-up can come a hair early.
 _TICK_LATE_S = 0.0005
@@ -453,7 +456,8 @@ class Watchdog:
             # it ends (_waits).
             bound = unarmed_interval() if precise or not unarmed else math.inf
             return min(sampling.idle_s(), bound, timer - now)
-        return sampling.idle_s(armed=True)
+        # (Armed, unless a loop's arming callback was waited for in vain.)
+        return sampling.idle_s(armed=not waiting)
 
     def poll(self) -> tuple[bool, bool]:
         """Look at every registered loop once.
