@@ -160,7 +160,8 @@ def start_cpu_sampling(
         idle_interval_ms: Time between two looks once every loop is idle
             (default: 250 ms while every loop is armed, 100 ms otherwise; while
             a loop runs a step the watchdog looks every 2 ms, and every 4 ms
-            for 100 ms after it). Each idle loop is armed to wake the watchdog
+            for 10 ms after it, 100 ms while steps come with short gaps).
+            Each idle loop is armed to wake the watchdog
             as it wakes, so a stall after such a quiet spell is seen all the
             same. A loop that cannot be armed (one written in C, on Python
             3.12+; on 3.10 and 3.11 one whose thread already has a profile

@@ -1392,8 +1392,24 @@ def test_armed_loops_sleep_long_a_look_or_two_after_a_step(intervals: Any) -> No
     dog = intervals(armable=True)
     assert dog.after(0.0, busy=True) == near(0.002)  # in a step: the busy rate
     assert dog.after(0.002) == near(0.004)  # ended: a look soon, the next step may follow at once
-    assert dog.after(0.094) == near(0.004)  # (a gap this short costs fewer looks than arming)
-    assert dog.after(0.005) == near(0.25)  # 101 ms after the step: armed, asleep for the armed idle interval
+    assert dog.after(0.004) == near(0.004)
+    assert dog.after(0.005) == near(0.25)  # 11 ms after the step: armed, asleep for the armed idle interval
+
+
+def test_loops_busy_with_short_gaps_are_not_armed_between_their_steps(intervals: Any) -> None:
+    """A tripwire that trips soon after the looks slowed down: fast looks for 100 ms after the next steps."""
+    dog = intervals(armable=True)
+    assert dog.after(0.0, busy=True) == near(0.002)
+    assert dog.after(0.011) == near(0.25)  # quiet: armed
+    dog.dog.trip()  # a request 20 ms after the step
+    assert dog.after(0.009) == near(0.004)
+    assert dog.after(0.002, busy=True) == near(0.002)
+    assert dog.after(0.05) == near(0.004)  # 50 ms after that step: still looking fast, not arming
+    assert dog.after(0.051) == near(0.25)  # 101 ms: a longer gap, armed
+    dog.dog.trip()  # the next request after a quiet second: the looks slow down 10 ms after steps again
+    assert dog.after(1.0) == near(0.004)
+    assert dog.after(0.002, busy=True) == near(0.002)
+    assert dog.after(0.011) == near(0.25)
 
 
 def test_a_loop_start_keeps_the_looks_fast_for_half_a_second(intervals: Any) -> None:
@@ -1426,8 +1442,23 @@ def test_a_loop_that_cannot_be_armed_is_looked_at_every_idle_interval_by_default
     dog = intervals(armable=False)
     assert dog.after(0.0, busy=True) == near(0.002)
     assert dog.after(0.002) == near(0.004)
-    assert dog.after(0.101) == near(0.1)
+    assert dog.after(0.011) == near(0.1)
     assert dog.after(1.0) == near(0.1)
+
+
+def test_a_loop_that_cannot_be_armed_busy_with_short_gaps_is_looked_at_fast_between_its_steps(
+    intervals: Any,
+) -> None:
+    """Cheap idle looks: a step seen at the first slow look keeps the looks fast for 100 ms after the next ones."""
+    dog = intervals(armable=False)
+    assert dog.after(0.0, busy=True) == near(0.002)
+    assert dog.after(0.011) == near(0.1)  # quiet: slow looks
+    assert dog.after(0.1, busy=True) == near(0.002)  # the first slow look finds a step
+    assert dog.after(0.06) == near(0.004)  # 60 ms after it: still fast
+    assert dog.after(0.041) == near(0.1)
+    assert dog.after(0.1) == near(0.1)
+    assert dog.after(0.1, active=True) == near(0.004)  # found by the second slow look: a long quiet spell
+    assert dog.after(0.011) == near(0.1)
 
 
 def test_a_loop_whose_arming_callback_never_ran_gets_the_shorter_idle_interval(

@@ -78,11 +78,17 @@ _FAST_IDLE_S = 0.004
 # few looks, then the loops are armed and the watchdog sleeps long. Each look
 # costs its thread's wake-up, 0.1-0.3 ms of CPU on a VM: half a second of
 # looks every 4 ms after each step was 125 looks (about 30 ms of CPU) per
-# quiet spell (issue 39). Arming costs a callback on the loop (0.3 ms of its
-# thread's CPU) and the tripwire's wake-up of this thread: with a request
-# every 20 or 50 ms, arming after 10 ms of quiet used 10-20 % more CPU than
-# the looks it saved; from 100 ms between requests it uses 40 % less.
-_FAST_AFTER_STEP_S = 0.1
+# quiet spell (issue 39).
+_FAST_AFTER_STEP_S = 0.01
+# The same while the loops are busy with short gaps: the last quiet spell
+# ended within _BUSY_GAP_S of its start (a tripwire tripped), or at the first
+# slow look (a loop that cannot be armed). Arming costs a callback on the loop
+# (0.3 ms of its thread's CPU) and the tripwire's wake-up of this thread: with
+# a request every 20 or 50 ms, arming after each used 10-20 % more CPU than
+# the looks it saved; from 100 ms apart it uses 40 % less. And a loop that
+# cannot be armed is then watched as closely as while it runs.
+_FAST_WHILE_BUSY_S = 0.1
+_BUSY_GAP_S = 0.1
 # A probe's tick seen under way is looked at again this long after it would
 # be a step (_tick_seen): the sleep's own wake-up can come a hair early.
 _TICK_LATE_S = 0.0005
@@ -118,6 +124,13 @@ class Watchdog:
         self._last_scan = 0.0
         self._last_active = 0.0  # last loop start or wake-up (loop_started, wake)
         self._last_step = 0.0  # last poll that saw a loop do something
+        # The fast looks after a step (_FAST_AFTER_STEP_S, or _FAST_WHILE_BUSY_S
+        # while the loops are busy with short gaps), when the current quiet
+        # spell's slow looks began (0: none since the last step), and how many
+        # slow sleeps it has had.
+        self._after_step = _FAST_AFTER_STEP_S
+        self._quiet_from = 0.0
+        self._slow_looks = 0
         # Whether the sleep under way (or about to begin) is the long idle one:
         # only then does a loop's start cut it short (loop_started).
         self._sleeping_long = True
@@ -384,28 +397,40 @@ class Watchdog:
             _acquire(pause, True, 0.0001)  # the C method: no audit event, no wrapper
         return True
 
+    def _quiet_ended(self, now: float, resumed: bool, tripped: bool) -> None:
+        # The first activity since the looks slowed down: a short quiet spell
+        # keeps the looks fast after the next steps (no arming between them),
+        # a long one makes them slow down soon again.
+        if not (resumed and self._quiet_from):
+            return
+        short = now - self._quiet_from < _BUSY_GAP_S if tripped else self._slow_looks <= 1
+        self._after_step = _FAST_WHILE_BUSY_S if short else _FAST_AFTER_STEP_S
+        self._quiet_from = 0.0
+
+    def _fast_after_step(self, precise: bool) -> float:
+        # After a step, the looks stay fast for half a second while a loop
+        # that cannot be armed runs, and precise idle looks are asked for: its
+        # next step is found by looks alone.
+        if precise and any(not _tripwire.can_arm(watch) for watch in _loops.watches.values()):
+            return _FAST_FOR_S
+        return self._after_step
+
     def _next_interval(self, busy: bool, active: bool) -> float:
         now = perf_counter()
         self._sleeping_long = False
         tripped, self._tripped = self._tripped, False
+        self._quiet_ended(now, (busy and not self._ticks_only) or active or tripped, tripped)
         if busy:
             self._last_step = self._last_step if self._ticks_only else now
             return sampling.busy_poll_ms / 1000.0
         if active:
             self._last_step = now
         watches = _loops.watches
-        # After a step, the looks stay fast for long only while a loop that
-        # cannot be armed runs, and precise idle looks are asked for: its next
-        # step is found by looks alone. (After a loop's start, always: loop
-        # starts in quick succession do not wake a watchdog that is not
-        # sleeping long, issue 31.)
         precise = sampling.precise()
-        after_step = (
-            _FAST_FOR_S
-            if precise and any(not _tripwire.can_arm(watch) for watch in watches.values())
-            else _FAST_AFTER_STEP_S
-        )
-        if now - self._last_active < _FAST_FOR_S or now - self._last_step < after_step or tripped:
+        # (After a loop's start the looks stay fast for half a second, always:
+        # loop starts in quick succession do not wake a watchdog that is not
+        # sleeping long, issue 31.)
+        if now - self._last_active < _FAST_FOR_S or now - self._last_step < self._fast_after_step(precise) or tripped:
             # Woken by a tripwire, the look may have come before the step
             # it woke for began: one more look, soon.
             _read_waits(_loops.watches)
@@ -422,6 +447,8 @@ class Watchdog:
         # such looks would go unseen (the CPU clock cannot tell it from many
         # short steps): each idle loop is armed to wake this thread as it
         # wakes (_tripwire), and is looked at while its first step runs.
+        if not self._quiet_from:
+            self._quiet_from, self._slow_looks = now, 0
         waiting = unarmed = False
         timer = float("inf")  # the earliest a loop not armed can wake for its next timer (_waits)
         for watch in watches.values():
@@ -455,7 +482,9 @@ class Watchdog:
             # no other look), and one begun as its next timer ends is seen as
             # it ends (_waits).
             bound = unarmed_interval() if precise or not unarmed else math.inf
+            self._slow_looks += 1
             return min(sampling.idle_s(), bound, timer - now)
+        self._slow_looks += 1
         # (Armed, unless a loop's arming callback was waited for in vain.)
         return sampling.idle_s(armed=not waiting)
 
