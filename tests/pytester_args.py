@@ -3,10 +3,15 @@
 The dev environment installs packages whose pytest plugins every run loads:
 faker's (pulled in by litestar, for the framework examples), hypothesis's
 and pytest-trio's add about 1.9 s to each start on CI machines, and none of
-them has anything to do with what these runs test. (pytester clears PYTEST_ADDOPTS, so the
-arguments are passed explicitly.)
+them has anything to do with what these runs test. anyio's plugin asks, as
+it loads, which back ends can be imported, and so imports trio where it is
+installed (as in the dev environment): 0.3 to 0.5 s of CPU a start, in the
+hundreds of runs the suite starts on each Python. (pytester clears
+PYTEST_ADDOPTS, so the arguments are passed explicitly.)
 """
 
-QUIET_BUT_TRIO = ("-p", "no:cacheprovider", "-p", "no:faker", "-p", "no:hypothesispytest")
+QUIET_BUT_TRIO = ("-p", "no:cacheprovider", "-p", "no:faker", "-p", "no:hypothesispytest", "-p", "no:anyio")
 # pytest-trio's plugin imports trio, 0.35 s of each start: only the run that tests it loads it.
 QUIET = (*QUIET_BUT_TRIO, "-p", "no:trio")
+# For the runs whose tests are anyio's (`@pytest.mark.anyio`).
+WITH_ANYIO = ("-p", "no:cacheprovider", "-p", "no:faker", "-p", "no:hypothesispytest", "-p", "no:trio")

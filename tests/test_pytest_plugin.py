@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.pytester_args import QUIET, QUIET_BUT_TRIO
+from tests.pytester_args import QUIET, QUIET_BUT_TRIO, WITH_ANYIO
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -28,9 +28,11 @@ asyncio_default_fixture_loop_scope = function
 """
 
 
-def run(pytester: pytest.Pytester, *args: str, ini: str = "") -> pytest.RunResult:
+def run(
+    pytester: pytest.Pytester, *args: str, ini: str = "", plugins: tuple[str, ...] = QUIET
+) -> pytest.RunResult:
     pytester.makeini(BASE_INI + textwrap.dedent(ini))
-    return pytester.runpytest_subprocess(*QUIET, "-rA", *args, timeout=120)
+    return pytester.runpytest_subprocess(*plugins, "-rA", *args, timeout=120)
 
 
 def outcomes(result: pytest.RunResult) -> dict[str, set[str]]:
@@ -746,7 +748,7 @@ def test_without_pytest_asyncio():
 def test_other_test_runners(pytester: pytest.Pytester) -> None:
     pytest.importorskip("anyio")
     pytester.makepyfile(test_runners=OTHER_RUNNERS)
-    result = run(pytester, "--aiocop", "-p", "no:asyncio")
+    result = run(pytester, "--aiocop", "-p", "no:asyncio", plugins=WITH_ANYIO)
     expect(
         result,
         {"test_anyio": ["FAILED"], "test_unittest": ["FAILED"], "test_without_pytest_asyncio": ["PASSED"]},
@@ -1126,7 +1128,7 @@ async def test_reads_its_events(anyio_backend, aiocop_events):
 def test_an_anyio_test_on_trio_fails_at_its_blocking_line(pytester: pytest.Pytester) -> None:
     pytest.importorskip("trio")
     pytester.makepyfile(test_anyio=ANYIO_TESTS)
-    result = run(pytester, "--aiocop")
+    result = run(pytester, "--aiocop", plugins=WITH_ANYIO)
     assert outcomes(result) == {
         "test_sleeps[asyncio]": {"FAILED"},
         "test_sleeps[trio]": {"FAILED"},
