@@ -28,9 +28,7 @@ asyncio_default_fixture_loop_scope = function
 """
 
 
-def run(
-    pytester: pytest.Pytester, *args: str, ini: str = "", plugins: tuple[str, ...] = QUIET
-) -> pytest.RunResult:
+def run(pytester: pytest.Pytester, *args: str, ini: str = "", plugins: tuple[str, ...] = QUIET) -> pytest.RunResult:
     pytester.makeini(BASE_INI + textwrap.dedent(ini))
     return pytester.runpytest_subprocess(*plugins, "-rA", *args, timeout=120)
 
