@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+import aiocop
 from tests.pytester_args import QUIET, QUIET_BUT_TRIO, WITH_ANYIO
 
 if TYPE_CHECKING:
@@ -975,7 +976,16 @@ def test_bad_settings_are_usage_errors(
     pytester: pytest.Pytester, args: tuple[str, ...], ini: str, test: str, error: str
 ) -> None:
     pytester.makepyfile(test_bad="import pytest\n\n\n" + (test or "def test_x():\n    pass\n"))
-    result = run(pytester, *args, ini=ini)
+    if test:  # a marker is read once detection has started: a process of its own
+        result = run(pytester, *args, ini=ini)
+    else:
+        # A bad flag or ini key is refused as pytest configures, before aiocop
+        # starts anything: this process can run it (a process each cost 1 s of
+        # CPU, 25 s of the suite's 220 on every Python), and is shown untouched.
+        pytester.makeini(BASE_INI + ini)
+        result = pytester.runpytest_inprocess(*QUIET, "-rA", *args)
+        assert not aiocop.is_monitoring_active()
+        assert not aiocop.get_patched_functions()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
     result.stderr.fnmatch_lines(["ERROR: " + error])
 
