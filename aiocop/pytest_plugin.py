@@ -163,6 +163,9 @@ class _Session:
             aiocop.remove_allow_rule(rule)
         set_app_paths((), ())
         aiocop.stop()
+        # What start() set for the test run only: the process's own later
+        # detect_slow_tasks() (a pytester run in process) gets production's default.
+        _sampling.precise_by_default = False
         self.recorder.hang_out = None
         if self.terminal is not None:
             with contextlib.suppress(OSError):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import aiocop
+from aiocop._stalls.settings import sampling
 from tests.pytester_args import QUIET, QUIET_BUT_TRIO, WITH_ANYIO
 
 if TYPE_CHECKING:
@@ -1233,3 +1234,8 @@ def test_the_plugin_looks_at_idle_loops_written_in_c_every_half_threshold(pytest
     )
     result = run(pytester, "--aiocop")
     assert outcomes(result) == {"test_default": {"PASSED"}, "test_asked": {"PASSED"}}, result.stdout.str()
+    # The test run's default ends with it: what the process does after it gets production's.
+    in_process = pytester.runpytest_inprocess(*QUIET, "--aiocop", "-k", "test_default")
+    in_process.assert_outcomes(passed=1)
+    assert not aiocop.is_monitoring_active()
+    assert not sampling.precise()
