@@ -420,19 +420,26 @@ def test_a_test_suite_that_turns_warnings_into_errors_runs_under_the_cli(tmp_pat
 def test_bad_run_settings_are_usage_errors(
     program: Path, args: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Refused before the program runs and before aiocop starts anything: the
-    # CLI's steps run in this process (a process each cost 0.3 s of CPU on
-    # every Python), and are shown to have started nothing.
-    steps = _cli.session(["run", "--fail-on", "low", *args, str(program)])
-    with pytest.raises((StopIteration, SystemExit)) as refused:
-        next(steps)
-    status = refused.value.value if isinstance(refused.value, StopIteration) else refused.value.code
-    stderr = capsys.readouterr().err
+    status, stderr = refused_in_process(capsys, "run", "--fail-on", "low", *args, program)
     assert status == 2, stderr
     assert message in stderr
     assert "Traceback" not in stderr
+
+
+def refused_in_process(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str]:
+    """`python -m aiocop ARGS` refused before its program runs: the exit status and stderr.
+
+    A refusal comes before the program runs and before aiocop starts
+    anything, so the CLI's steps run in this process (a process each cost
+    0.3 s of CPU on every Python), and are shown to have started nothing.
+    """
+    steps = _cli.session([str(arg) for arg in args])
+    with pytest.raises((StopIteration, SystemExit)) as refused:
+        next(steps)
+    status = refused.value.value if isinstance(refused.value, StopIteration) else refused.value.code
     assert not aiocop.is_monitoring_active()
     assert not aiocop.get_patched_functions()
+    return status, capsys.readouterr().err
 
 
 def test_a_json_directory_is_refused_before_the_program_runs(program: Path, tmp_path: Path) -> None:

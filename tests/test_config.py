@@ -26,6 +26,7 @@ from tests import blocking_calls
 from tests.conftest import ROOT, Collector, reset_aiocop, run_on
 from tests.pytester_args import QUIET
 from tests.test_cli import aiocop_run
+from tests.test_cli import refused_in_process as cli_refused_in_process
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -745,25 +746,55 @@ def test_plain_pytest_under_a_hostile_parent_runs_as_without_aiocop(tmp_path: Pa
     assert plain.stderr == without.stderr
 
 
+def refused_in_process(
+    project: Path, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[tuple[int, str], pytest.RunResult]:
+    """`python -m aiocop run prog.py`, then `pytest --aiocop`, from `project`, both refused, in this process.
+
+    Refused as they read their settings, before aiocop starts anything (each
+    shows it started nothing): no process of their own, which cost 1 s of
+    CPU each on every Python.
+    """
+    for name in list(os.environ):
+        if name.startswith("AIOCOP_") or name in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(project)
+    cli = cli_refused_in_process(capsys, "run", "--fail-on", "low", "prog.py")
+    result = pytester.runpytest_inprocess(*QUIET, "-q", "--aiocop")
+    assert not aiocop.is_monitoring_active()
+    assert not aiocop.get_patched_functions()
+    return cli, result
+
+
 @pytest.mark.parametrize("kind", sorted(HOSTILE_ERRORS))
-def test_aiocop_under_a_broken_parent_of_ones_own_is_a_usage_error_naming_it(tmp_path: Path, kind: str) -> None:
+def test_aiocop_under_a_broken_parent_of_ones_own_is_a_usage_error_naming_it(
+    tmp_path: Path,
+    kind: str,
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     planted, project = hostile_parent(tmp_path, kind)
-    result = run_pytest(project, "--aiocop")
+    (status, stderr), result = refused_in_process(project, pytester, monkeypatch, capsys)
     if kind != "tool-not-a-table":  # which pytest itself cannot start with (see above)
-        assert result.returncode == 4, result.stdout + result.stderr  # pytest's usage error
-        assert f"ERROR: {planted}" in result.stderr
-        assert HOSTILE_ERRORS[kind] in result.stderr
-        assert "INTERNALERROR" not in result.stdout + result.stderr and "Traceback" not in result.stderr
-    cli = aiocop_run("run", "--fail-on", "low", "prog.py", cwd=project)
-    assert cli.returncode == 2, cli.stderr
-    assert str(planted) in cli.stderr and HOSTILE_ERRORS[kind] in cli.stderr
-    assert "Traceback" not in cli.stderr
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+        result.stderr.fnmatch_lines([f"ERROR: {planted}*"])
+        assert HOSTILE_ERRORS[kind] in result.stderr.str()
+        assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+        assert "Traceback" not in result.stderr.str()
+    assert status == 2, stderr
+    assert str(planted) in stderr and HOSTILE_ERRORS[kind] in stderr
+    assert "Traceback" not in stderr
 
 
 @needs_root
 @pytest.mark.parametrize("kind", sorted(HOSTILE))
 def test_aiocop_under_a_parent_planted_by_another_user_refuses_it_naming_the_override(
-    tmp_path: Path, kind: str
+    tmp_path: Path,
+    kind: str,
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     # As git in a repository of another user's: an error naming the file and
     # the override, never a run with the file silently left out (or followed).
@@ -774,14 +805,14 @@ def test_aiocop_under_a_parent_planted_by_another_user_refuses_it_naming_the_ove
         f"you are uid 0): a file aiocop reads must be yours or root's and writable by nobody else "
         f"(set AIOCOP_TRUST={planted} if you trust it)"
     )
+    (status, stderr), result = refused_in_process(project, pytester, monkeypatch, capsys)
     if kind != "tool-not-a-table":  # which pytest itself cannot start with (see above)
-        result = run_pytest(project, "--aiocop")
-        assert result.returncode == 4, result.stdout + result.stderr  # pytest's usage error
-        assert f"ERROR: {refusal}" in result.stderr
-        assert "INTERNALERROR" not in result.stdout + result.stderr and "Traceback" not in result.stderr
-    cli = aiocop_run("run", "--fail-on", "low", "prog.py", cwd=project)
-    assert cli.returncode == 2, cli.stderr
-    assert cli.stderr.count(refusal) == 1 and "Traceback" not in cli.stderr
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+        assert f"ERROR: {refusal}" in result.stderr.str()
+        assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+        assert "Traceback" not in result.stderr.str()
+    assert status == 2, stderr
+    assert stderr.count(refusal) == 1 and "Traceback" not in stderr
 
 
 @needs_root
