@@ -288,11 +288,11 @@ def test_verbose_prints_each_event_with_its_source_line(program: Path) -> None:
         ((), "usage: python -m aiocop"),
     ],
 )
-def test_usage_errors(args: tuple[str, ...], message: str) -> None:
-    result = aiocop_run(*args)
-    assert result.returncode == 2
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr
+def test_usage_errors(args: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, stderr = refused_in_process(capsys, *args)
+    assert status == 2
+    assert message in stderr
+    assert "Traceback" not in stderr
 
 
 def test_version() -> None:
@@ -497,22 +497,15 @@ def test_run_never_reads_the_attach_environment(program: Path) -> None:
 
 
 @pytest.mark.parametrize("value", ["abc", "nan", "inf", "-1", "0", "1e9"])
-# its subprocess is given 60 s: the test's own timeout sits above it, so that bound fires first (issue 36)
-@pytest.mark.timeout(90)
-def test_attach_checks_its_environment_with_a_clear_error(value: str) -> None:
-    env = {**os.environ, "AIOCOP_ATTACH_START_TIMEOUT_S": value}
-    result = subprocess.run(
-        [sys.executable, "-m", "aiocop", "attach", str(os.getpid())],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 2, result.stderr
-    assert "AIOCOP_ATTACH_START_TIMEOUT_S=" in result.stderr
-    assert "expected a number of seconds above 0" in result.stderr
-    assert "Traceback" not in result.stderr
+def test_attach_checks_its_environment_with_a_clear_error(
+    value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("AIOCOP_ATTACH_START_TIMEOUT_S", value)
+    status, stderr = refused_in_process(capsys, "attach", str(os.getpid()))
+    assert status == 2, stderr
+    assert "AIOCOP_ATTACH_START_TIMEOUT_S=" in stderr
+    assert "expected a number of seconds above 0" in stderr
+    assert "Traceback" not in stderr
 
 
 @pytest.mark.parametrize(
