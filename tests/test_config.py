@@ -730,20 +730,43 @@ def run_pytest(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def summary(result: subprocess.CompletedProcess[str]) -> tuple[int, str]:
-    return result.returncode, result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+# pytest run in the test's own process: pytest-asyncio, which these runs do
+# not use, would add its warning of an unset loop scope to the suite's.
+IN_PROCESS = (*QUIET, "-p", "no:asyncio", "-q")
+
+
+def in_project(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process as `run_pytest` starts one: in `project`, with no AIOCOP_ or pytest variables of the suite's."""
+    for name in list(os.environ):
+        if name.startswith("AIOCOP_") or name in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(project)
 
 
 @pytest.mark.parametrize("kind", sorted(HOSTILE))
-def test_plain_pytest_under_a_hostile_parent_runs_as_without_aiocop(tmp_path: Path, kind: str) -> None:
+def test_plain_pytest_under_a_hostile_parent_runs_as_without_aiocop(
+    tmp_path: Path, kind: str, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, project = hostile_parent(tmp_path, kind)
-    without = run_pytest(project, "-p", "no:aiocop")
-    plain = run_pytest(project)
-    # `tool = 3` breaks pytest itself (its own search reads the file): the same with or without aiocop.
-    assert summary(plain)[0] == summary(without)[0] == (1 if kind == "tool-not-a-table" else 0), plain.stderr
-    assert re.sub(r" in [\d.]+s", "", summary(plain)[1]) == re.sub(r" in [\d.]+s", "", summary(without)[1])
-    assert "aiocop" not in plain.stdout + plain.stderr
-    assert plain.stderr == without.stderr
+    if kind == "tool-not-a-table":
+        # `tool = 3` breaks pytest itself (its own search reads the file, and
+        # raises out of pytest.main): the same with or without aiocop.
+        without, plain = run_pytest(project, "-p", "no:aiocop"), run_pytest(project)
+        assert plain.returncode == without.returncode == 1, plain.stderr
+        assert "aiocop" not in plain.stdout + plain.stderr
+        assert plain.stderr == without.stderr
+        return
+    # pytest in this process (a process each cost 1 s of CPU on every Python):
+    # switched off, the plugin reads nothing and starts nothing.
+    in_project(project, monkeypatch)
+    without = pytester.runpytest_inprocess(*IN_PROCESS, "-p", "no:aiocop")
+    plain = pytester.runpytest_inprocess(*IN_PROCESS)
+    assert not aiocop.is_monitoring_active()
+    assert plain.ret == without.ret == pytest.ExitCode.OK, plain.stdout.str() + plain.stderr.str()
+    outcome = re.compile(r" in [\d.]+s")
+    assert outcome.sub("", plain.stdout.lines[-1]) == outcome.sub("", without.stdout.lines[-1]) == "1 passed"
+    assert "aiocop" not in plain.stdout.str() + plain.stderr.str()
+    assert plain.stderr.str() == without.stderr.str()
 
 
 def refused_in_process(
@@ -755,12 +778,9 @@ def refused_in_process(
     shows it started nothing): no process of their own, which cost 1 s of
     CPU each on every Python.
     """
-    for name in list(os.environ):
-        if name.startswith("AIOCOP_") or name in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(project)
+    in_project(project, monkeypatch)
     cli = cli_refused_in_process(capsys, "run", "--fail-on", "low", "prog.py")
-    result = pytester.runpytest_inprocess(*QUIET, "-q", "--aiocop")
+    result = pytester.runpytest_inprocess(*IN_PROCESS, "--aiocop")
     assert not aiocop.is_monitoring_active()
     assert not aiocop.get_patched_functions()
     return cli, result
