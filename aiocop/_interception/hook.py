@@ -30,6 +30,7 @@ import threading
 from asyncio import AbstractEventLoop, Task, current_task
 from asyncio import _get_running_loop as get_running_loop
 from contextvars import Context, copy_context
+from types import FunctionType
 from typing import TYPE_CHECKING, Any
 
 from aiocop._common.clock import perf_counter
@@ -146,7 +147,8 @@ _trio: Any = None
 def rebuild() -> None:
     """Compile the hook's table from the live rules and the on/off switches."""
     if not (_state.started and _state.active):
-        audit_hook.__defaults__ = (_NO_RULES.get,)
+        audit_hook.__defaults__ = (_NO_RULES.get, _NATIVE)
+        wrapper_hook.__defaults__ = (_NO_RULES.get, _WRAPPED)
         return
     table: dict[str, _Rule] = {
         event: _Rule(
@@ -159,7 +161,8 @@ def rebuild() -> None:
     }
     for event in _LOOP_BOUNDARY_EVENTS:
         table[event] = _Rule(0, None, True)
-    audit_hook.__defaults__ = (table.get,)
+    audit_hook.__defaults__ = (table.get, _NATIVE)
+    wrapper_hook.__defaults__ = (table.get, _WRAPPED)
     learn_trio()
 
 
@@ -171,8 +174,18 @@ def learn_trio() -> None:
         _wrappers.use_trio(_trio)
 
 
+# Where the caller of an event is, in frames out from _capture (0: _capture, 1:
+# the hook): an event CPython raises comes from the caller itself (2), one a
+# wrapper hands to `wrapper_hook` from the wrapper's frame (the caller is 3).
+_NATIVE = 2
+_WRAPPED = 3
+
+
 def audit_hook(  # noqa: PLR0912 - one function on purpose: a call costs more than its branches
-    event: str, args: tuple[Any, ...], _lookup: Callable[[str], _Rule | None] = _NO_RULES.get
+    event: str,
+    args: tuple[Any, ...],
+    _lookup: Callable[[str], _Rule | None] = _NO_RULES.get,
+    _caller: int = _NATIVE,
 ) -> None:
     # Hot path: keep the two early exits first and allocation-free. The slow
     # path is inlined below (a Python call costs more than the rest of it).
@@ -207,7 +220,7 @@ def audit_hook(  # noqa: PLR0912 - one function on purpose: a call costs more th
         return
     state.busy = True
     try:
-        captured = _capture(event, args, rule.weight, loop, state, trio_task)
+        captured = _capture(event, args, rule.weight, loop, state, trio_task, _caller)
         if _callbacks.call_observers and captured is not None and captured is not _DROPPED:
             _callbacks.observe_call(captured)
     except Exception:
@@ -224,6 +237,11 @@ def audit_hook(  # noqa: PLR0912 - one function on purpose: a call costs more th
         group = state.group  # the one _capture recorded the call in
         if group is not None:
             _raise_violation(group, None if captured is _DROPPED else captured)
+
+
+# The hook the wrappers call: the same code, told by its default that the
+# caller is one frame further out (a frame _capture then need not look at).
+wrapper_hook = FunctionType(audit_hook.__code__, audit_hook.__globals__, "audit_hook", (_NO_RULES.get, _WRAPPED))
 
 
 def _trio_run(runner: object) -> TrioRun:
@@ -391,6 +409,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     loop: AbstractEventLoop | TrioRun,
     state: _ThreadState,
     trio_task: TrioTask | None,
+    caller: int,
 ) -> Record | None:
     """Record the call in its step's group (`state.group`); its record, `_DROPPED`, or `None` if not to be reported.
 
@@ -439,11 +458,21 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     outer: FrameType | None = None  # the outermost frame of the step, aiocop's own included
     ident: FrameType | None = None  # asyncio's dispatch frame, where there is one
     module_kinds = _frames._module_kinds
-    # 0: _capture, 1: audit_hook, 2: whoever raised the event: most often one
-    # of aiocop's wrappers, whose caller is the first frame of interest.
-    frame: FrameType | None = sys._getframe(2)
-    if frame is not None and frame.f_globals is _WRAPPERS_GLOBALS:
-        frame = frame.f_back
+    # 0: _capture, 1: audit_hook, 2: whoever raised the event; for an event
+    # CPython raised, that may be one of aiocop's wrappers (calling the
+    # original), whose caller is the first frame of interest. An event a
+    # wrapper handed over directly starts at its caller: the wrapper's frame
+    # is never made an object of (a frame object made costs ~1 k instructions).
+    frame: FrameType | None
+    if caller == _NATIVE:
+        frame = sys._getframe(2)
+        if frame is not None and frame.f_globals is _WRAPPERS_GLOBALS:
+            frame = frame.f_back
+    else:
+        try:
+            frame = sys._getframe(caller)
+        except ValueError:  # a wrapper called from C with no Python frame outside (its f_back is None)
+            frame = None
     while frame is not None:
         if frame is base:  # (never `root`: there is a root only when there is no base)
             break
@@ -753,7 +782,7 @@ _installed = False
 def install() -> None:
     """Add the audit hook once per process (audit hooks cannot be removed), and hand it to the wrappers."""
     global _installed
-    _wrappers.use_audit_hook(audit_hook)
+    _wrappers.use_audit_hook(wrapper_hook)
     if not _installed:
         sys.addaudithook(audit_hook)
         _installed = True
