@@ -335,37 +335,51 @@ class allow_blocking(ContextVarScope[tuple[AllowRule, ...]]):  # noqa: N801 - re
         call_site: str | None = None,
         everything: bool = False,
     ) -> None:
+        # A scope is often made where it is entered (`with allow_blocking(...)`
+        # in a handler): its rule is built and checked once per content, not
+        # at every entry. Most name events only, and are known by the names
+        # alone (no key to build and hash); a kept rule still stands only
+        # while its events are detected ones.
+        if module is None and path is None and call_site is None and everything is False:
+            try:
+                spec = _scope_events.get(events)
+            except TypeError:  # an unhashable argument: the checks below say what is wrong with it
+                spec = None
+            if spec is not None and _KNOWN.keys() >= spec.rule.events:
+                self._var = scoped_rules
+                self.rule = spec.rule
+                self._key: _Spec | None = spec
+                return
         if len(events) == 1 and callable(events[0]):
             raise TypeError(
                 "events must be event names, not a function: decorate with @aiocop.allow_blocking(), "
                 "not @aiocop.allow_blocking"
             )
         self._var = scoped_rules  # ContextVarScope.__init__, inline
-        # A scope is often made where it is entered (`with allow_blocking(...)`
-        # in a handler): its rule is built and checked once per content, not
-        # at every entry. The key is what was passed; `everything` only as a
-        # real bool (0 == False would otherwise skip its check).
-        key: object = (events, module, path, call_site, everything)
+        # Any other content is known by all that was passed; `everything` only
+        # as a real bool (0 == False would otherwise skip its check).
+        only_events = module is None and path is None and call_site is None and everything is False
+        cache = _scope_events if only_events else _scope_rules
+        key: object = events if only_events else (events, module, path, call_site, everything)
         spec = None
         if everything is False or everything is True:
             try:
-                spec = _scope_rules.get(key)
+                spec = cache.get(key)
             except TypeError:  # an unhashable argument: the checks below say what is wrong with it
                 key = None
         else:
             key = None
-        # A cached rule still stands only while its events are detected ones.
         if spec is None or not (not spec.rule.events or _KNOWN.keys() >= spec.rule.events):
             spec = _Spec(self._build(events, module, path, call_site, everything))
             if key is not None:
-                if len(_scope_rules) >= _MAX_CACHED:
-                    _scope_rules.clear()
-                _scope_rules[key] = spec
+                if len(cache) >= _MAX_CACHED:
+                    cache.clear()
+                cache[key] = spec
         self.rule = spec.rule
         # What the enclosing scopes' cache knows this scope's content by: the
         # kept spec, hashed by identity (the content tuple would be hashed
         # again at every entry), or None when the content is not cacheable.
-        self._key: _Spec | None = spec if key is not None else None
+        self._key = spec if key is not None else None
 
     @staticmethod
     def _build(
@@ -407,6 +421,8 @@ class _Spec:
         self.rule = rule
 
 
-# allow_blocking's arguments -> its checked rule (see allow_blocking.__init__).
+# allow_blocking's arguments -> its checked rule (see allow_blocking.__init__):
+# its event names when it was given nothing else, else all it was given.
+_scope_events: dict[object, _Spec] = {}
 _scope_rules: dict[object, _Spec] = {}
 _MAX_CHILDREN = 256  # scopes of distinct content entered inside one scope before its cache starts over

@@ -67,6 +67,7 @@ _SUMMARIZED_TYPES = (*_BUFFER_TYPES, socket.socket)
 _PLAIN_ARG_TYPES = frozenset({str, int, float, bool, type(None)})
 _IMPORT_EVENTS = frozenset(IMPORT_EVENTS)
 _UNSET: Any = _allow._UNSET  # the allow caches' "never compiled"
+_SCOPED_RULES = _allow.ScopedRules
 _LOOP_BOUNDARY_EVENTS = ("sys.set_asyncgen_hook_firstiter",)
 
 
@@ -426,8 +427,14 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     scoped = _allow.scoped_rules.get()
     allow: _allow.Matcher | None = None
     if _allow._global_rules or scoped:
-        # _allow.matcher, its global cache read inline (a call costs more).
-        allow = _allow._global_matchers.get(event, _UNSET) if not scoped else _UNSET
+        # _allow.matcher, its caches read inline (a call costs more): the
+        # global rules', or the one kept on a scope's rules (see ScopedRules).
+        if not scoped:
+            allow = _allow._global_matchers.get(event, _UNSET)
+        elif type(scoped) is _SCOPED_RULES and scoped.generation == _allow._generation:
+            allow = scoped.matchers.get(event, _UNSET)
+        else:
+            allow = _UNSET
         if allow is _UNSET:
             allow = _allow.matcher(event, scoped)
     if allow is not None and allow.always:

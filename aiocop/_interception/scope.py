@@ -15,12 +15,15 @@ from typing import Any, Generic, TypeVar
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
-# What the scopes entered in the current context need to leave them (the
-# token, and what `_on_enter` returned), innermost last. Kept in the context
-# rather than in the instance: one instance (a module-level
-# `QUIET = aiocop.monitored(enabled=False)`, a decorated coroutine function)
-# may be entered by several tasks at once, and each must leave its own entry.
-_entered: ContextVar[tuple[tuple[Token[Any], object], ...]] = ContextVar("aiocop_entered_scopes", default=())
+# What the scopes entered in the current context need to leave them: the
+# innermost entry, as (token, what `_on_enter` returned, the entry outside it),
+# None when no scope is entered (a linked stack: entering and leaving make one
+# small tuple, not a copy of the stack). Kept in the context rather than in
+# the instance: one instance (a module-level `QUIET =
+# aiocop.monitored(enabled=False)`, a decorated coroutine function) may be
+# entered by several tasks at once, and each must leave its own entry.
+Entry = tuple[Token[Any], object, "Entry | None"]
+entered: ContextVar[Entry | None] = ContextVar("aiocop_entered_scopes", default=None)
 
 
 class ContextVarScope(Generic[T]):
@@ -49,19 +52,19 @@ class ContextVarScope(Generic[T]):
 
     def __enter__(self) -> ContextVarScope[T]:
         token = self._var.set(self._value())
-        _entered.set((*_entered.get(), (token, self._on_enter() if self._hooks else None)))
+        entered.set((token, self._on_enter() if self._hooks else None, entered.get()))
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        stack = _entered.get()
+    def __exit__(self, exc_type: object = None, exc: object = None, traceback: object = None) -> None:
+        entry = entered.get()
         try:
-            if not stack:
+            if entry is None:
                 raise ValueError("no scope entered in this context")
             # The innermost entry: this scope's, unless scopes are left out of
             # order, which only tasks sharing one context do (veloxloop copies
             # no context into its tasks). Leaving the innermost first still
             # restores everything once all are left.
-            token, entered = stack[-1]
+            token, on_enter, outside = entry
             self._var.reset(token)  # ValueError if entered in another context (a task's copy)
         except ValueError:
             # Left where it was not entered: in another task, or never
@@ -70,9 +73,9 @@ class ContextVarScope(Generic[T]):
                 f"{type(self).__name__} scope left where it was not entered: leave each scope in the task "
                 "(and the block) that entered it, innermost first"
             ) from None
-        _entered.set(stack[:-1])
+        entered.set(outside)
         if self._hooks:
-            self._on_exit(entered)
+            self._on_exit(on_enter)
 
     def __call__(self, func: F) -> F:
         if inspect.isasyncgenfunction(func):
