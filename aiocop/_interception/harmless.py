@@ -70,45 +70,56 @@ def any_matches(
     caller: FrameType,
     edge: FrameType | None,
     loop: AbstractEventLoop | TrioRun,
-    key: tuple[str, object] | None = None,
+    event: str | None = None,
+    module: object = None,
 ) -> bool:
     """Whether one of `rules` (from `rules_in_play`) matches the call in full.
 
     `caller` is the innermost frame outside aiocop; `edge` the frame that
     entered a loop written in C, if any (the walk for `inside_modules` stops
-    there, as at a Python loop's dispatch frame). `key`: the (event, caller
-    module) `rules` came from, whose rule that matches is tried first next time.
+    there, as at a Python loop's dispatch frame). `event` and `module`: the
+    event and caller module `rules` came from, whose rule that matches is
+    tried first next time.
     """
-    for index, rule in enumerate(rules):
-        # Reading f_code is an audit event of its own: only for rules that need it.
-        if rule.caller_functions and caller.f_code.co_name not in rule.caller_functions:
-            continue
-        if (rule.arg0_prefixes or rule.arg0_stdlib) and not _arg0_matches(rule, args):
-            continue
-        if rule.imported_by_c and _at_import_statement(caller):
-            continue
-        if rule.arg0_socket_file and not _socket_file(args):
-            continue
-        if rule.arg0_failed_import and not (args and args[0] in failed_imports):
+    index = 0
+    for rule in rules:
+        # The checks of the call itself, most rules have none (one flag says so).
+        if rule.checks_call and not _call_matches(rule, args, caller):
+            index += 1
             continue
         if rule.inside_modules and not _went_through(rule, caller, edge):
+            index += 1
             continue
         if rule.inside_functions and not _inside_function(rule, caller, edge):
+            index += 1
             continue
         if rule.debug_loop_only and not loop.get_debug():
+            index += 1
             continue
-        if index and key is not None:
-            _first(key, rules, index)
+        if index and event is not None:
+            _first(event, module, rules, index)
         return True
     return False
 
 
-def _first(key: tuple[str, object], rules: tuple[HarmlessRule, ...], index: int) -> None:
+def _call_matches(rule: HarmlessRule, args: tuple[Any, ...], caller: FrameType) -> bool:
+    # Reading f_code is an audit event of its own: only for rules that need it.
+    if rule.caller_functions and caller.f_code.co_name not in rule.caller_functions:
+        return False
+    if (rule.arg0_prefixes or rule.arg0_stdlib) and not _arg0_matches(rule, args):
+        return False
+    if rule.imported_by_c and _at_import_statement(caller):
+        return False
+    if rule.arg0_socket_file and not _socket_file(args):
+        return False
+    return not rule.arg0_failed_import or bool(args and args[0] in failed_imports)
+
+
+def _first(event: str, module: object, rules: tuple[HarmlessRule, ...], index: int) -> None:
     # The rule that matched is tried first next time at this call's event and
     # caller module: which rule matches does not change what is decided, only
     # how many walks up the stack it takes (a rule that fails walks down to
     # the user's first frame; one that matches stops at its module).
-    event, module = key
     by_module = in_play.get(event)
     if by_module is not None and by_module.get(module) is rules:
         by_module[module] = (rules[index], *rules[:index], *rules[index + 1 :])

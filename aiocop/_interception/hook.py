@@ -525,7 +525,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
             harmless = in_play.get(name) if in_play is not None else None
             if harmless is None:
                 harmless = _harmless.rules_in_play(event, name, kind)
-            if harmless and _harmless.any_matches(harmless, args, frame, base, loop, (event, name)):
+            if harmless and _harmless.any_matches(harmless, args, frame, base, loop, event, name):
                 return None
         # A module the matcher knows it allows settles it without a call.
         if allow is not None and (allow.by_name.get(name) or allow.frame_allowed(frame, name)):

@@ -93,11 +93,17 @@ class HarmlessRule:
     # module name -> whether it is one of `inside_modules`: filled by the hook
     # (see _harmless), kept on the rule to spare hashing the rule per call.
     inside_hits: dict[object, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # Whether the rule checks the call itself (caller's function, arguments, import statement): the hook
+    # reads one flag for a rule that does not, not five.
+    checks_call: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # `"pkg."` prefixes, so that the hook tests submodules with one startswith().
         object.__setattr__(self, "caller_prefixes", tuple(m + "." for m in self.caller_modules))
         object.__setattr__(self, "inside_prefixes", tuple(m + "." for m in self.inside_modules))
+        checks_call = bool(self.caller_functions or self.arg0_prefixes or self.arg0_stdlib or self.imported_by_c)
+        checks_call = checks_call or self.arg0_socket_file or self.arg0_failed_import
+        object.__setattr__(self, "checks_call", checks_call)
 
 
 # The file and directory operations a stdlib function makes inside.
