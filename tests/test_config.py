@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -769,33 +770,35 @@ def test_plain_pytest_under_a_hostile_parent_runs_as_without_aiocop(
     assert plain.stderr.str() == without.stderr.str()
 
 
-def refused_in_process(
-    project: Path, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> tuple[tuple[int, str], pytest.RunResult]:
-    """`python -m aiocop run prog.py`, then `pytest --aiocop`, from `project`, both refused, in this process.
+Refusals = Callable[[Path], tuple[tuple[int, str], pytest.RunResult]]
+
+
+@pytest.fixture
+def refused(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Refusals:
+    """`python -m aiocop run prog.py`, then `pytest --aiocop`, from a project, both refused, in this process.
 
     Refused as they read their settings, before aiocop starts anything (each
     shows it started nothing): no process of their own, which cost 1 s of
     CPU each on every Python.
     """
-    in_project(project, monkeypatch)
-    cli = cli_refused_in_process(capsys, "run", "--fail-on", "low", "prog.py")
-    result = pytester.runpytest_inprocess(*IN_PROCESS, "--aiocop")
-    assert not aiocop.is_monitoring_active()
-    assert not aiocop.get_patched_functions()
-    return cli, result
+
+    def refuse(project: Path) -> tuple[tuple[int, str], pytest.RunResult]:
+        in_project(project, monkeypatch)
+        cli = cli_refused_in_process(capsys, "run", "--fail-on", "low", "prog.py")
+        result = pytester.runpytest_inprocess(*IN_PROCESS, "--aiocop")
+        assert not aiocop.is_monitoring_active()
+        assert not aiocop.get_patched_functions()
+        return cli, result
+
+    return refuse
 
 
 @pytest.mark.parametrize("kind", sorted(HOSTILE_ERRORS))
 def test_aiocop_under_a_broken_parent_of_ones_own_is_a_usage_error_naming_it(
-    tmp_path: Path,
-    kind: str,
-    pytester: pytest.Pytester,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, kind: str, refused: Refusals
 ) -> None:
     planted, project = hostile_parent(tmp_path, kind)
-    (status, stderr), result = refused_in_process(project, pytester, monkeypatch, capsys)
+    (status, stderr), result = refused(project)
     if kind != "tool-not-a-table":  # which pytest itself cannot start with (see above)
         assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
         result.stderr.fnmatch_lines([f"ERROR: {planted}*"])
@@ -810,11 +813,7 @@ def test_aiocop_under_a_broken_parent_of_ones_own_is_a_usage_error_naming_it(
 @needs_root
 @pytest.mark.parametrize("kind", sorted(HOSTILE))
 def test_aiocop_under_a_parent_planted_by_another_user_refuses_it_naming_the_override(
-    tmp_path: Path,
-    kind: str,
-    pytester: pytest.Pytester,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, kind: str, refused: Refusals
 ) -> None:
     # As git in a repository of another user's: an error naming the file and
     # the override, never a run with the file silently left out (or followed).
@@ -825,7 +824,7 @@ def test_aiocop_under_a_parent_planted_by_another_user_refuses_it_naming_the_ove
         f"you are uid 0): a file aiocop reads must be yours or root's and writable by nobody else "
         f"(set AIOCOP_TRUST={planted} if you trust it)"
     )
-    (status, stderr), result = refused_in_process(project, pytester, monkeypatch, capsys)
+    (status, stderr), result = refused(project)
     if kind != "tool-not-a-table":  # which pytest itself cannot start with (see above)
         assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
         assert f"ERROR: {refusal}" in result.stderr.str()
