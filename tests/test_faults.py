@@ -501,6 +501,39 @@ def test_fork_while_monitoring(tmp_path: Path) -> None:
     assert child == [("os.listdir",)], events  # the parent's pending step is not reported again by the child
 
 
+def test_a_loop_run_as_a_raw_threads_first_call(
+    detector: Collector, loop_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `_thread.start_new_thread(loop.run_forever, ())`: no Python frame under
+    # the loop. Found by review: the loop's start raised "call stack is not
+    # deep enough" out of aiocop's hook on uvloop, and the loop never ran.
+    import _thread
+
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    loop = loop_factory(loop_name)()
+    ran = threading.Event()
+
+    async def work() -> None:
+        os.stat(".")
+        ran.set()
+
+    loop.call_soon(loop.create_task, work())
+    loop.call_soon(os.stat, ".")  # a C function as a callback: raised with no Python frame on a C loop
+    loop.call_later(0.05, loop.stop)
+    with quiet_rloop(loop_name):
+        _thread.start_new_thread(loop.run_forever, ())
+        assert ran.wait(30), unraisable
+        deadline = time.monotonic() + 30
+        while loop.is_running() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert not loop.is_running()
+    loop.close()
+    assert unraisable == []
+    detector.settle(1)
+    assert "os.stat" in detector.names()  # the task's, at least: reported as on any loop
+
+
 # --- threads and loops by the thousand ---------------------------------------------------------
 
 

@@ -472,7 +472,10 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     # is never made an object of (a frame object made costs ~1 k instructions).
     frame: FrameType | None
     if caller == _NATIVE:
-        frame = sys._getframe(2)
+        try:
+            frame = sys._getframe(2)
+        except ValueError:  # raised by C with no Python frame at all (a loop run as a raw thread's first call)
+            frame = None
         if frame is not None and frame.f_globals is _WRAPPERS_GLOBALS:
             frame = frame.f_back
     else:
@@ -740,7 +743,11 @@ def _on_loop_boundary() -> None:
     else:
         # The caller of sys.set_asyncgen_hooks, past aiocop's own wrapper of
         # it (installed with the watchdog).
-        frame: FrameType | None = sys._getframe(2)
+        frame: FrameType | None
+        try:
+            frame = sys._getframe(2)
+        except ValueError:  # a loop run straight from C (`_thread.start_new_thread(loop.run_forever, ())`)
+            frame = None
         while frame is not None and frame.f_globals.get("__name__", "").startswith("aiocop."):
             frame = frame.f_back
         if frame is not None and frame.f_globals.get("__name__", "").startswith(TRIO_PACKAGE_PREFIX):
