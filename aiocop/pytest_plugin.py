@@ -79,9 +79,6 @@ class _Session:
         self.baseline_written: str | None = None  # what writing it said, for the summary
         self.timeline: Timeline | None = None  # with --aiocop-html: the session's steps
         self.html_written: str | None = None
-        # Test bodies run on trio (pytest-trio, anyio) under --aiocop-threshold-ms: their blocking calls are
-        # checked, their stalls not (the watchdog watches asyncio's loops only, so far).
-        self.unchecked_trio = 0
         # Beside pytest-timeout (`_pytest_support.timeouts`): the terminal's
         # stderr, kept for the tests it ends with os._exit; whether a timed
         # test's hang threshold is in force; whether the watchdog runs for
@@ -270,13 +267,6 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(session.baseline_written)
     if session is not None and session.html_written is not None:
         terminalreporter.write_line(session.html_written)
-    if session is not None and session.unchecked_trio:
-        count = session.unchecked_trio
-        terminalreporter.write_line(
-            f"aiocop: {count} test{'s' if count != 1 else ''} ran on trio (pytest-trio, or anyio_backend 'trio'): "
-            "their blocking calls are checked, their stalls are not: the watchdog (--aiocop-threshold-ms) watches "
-            "asyncio's event loops, not trio's yet (their runs on asyncio are checked for both)"
-        )
 
 
 # pytest-timeout's own hooks (optional: without it they are never called),
@@ -322,19 +312,6 @@ def _test_state(item: pytest.Item, settings: Settings) -> _TestState:
     )
 
 
-def _on_trio(item: pytest.Item) -> bool:
-    # pytest-trio marks the tests it runs `trio` (in trio_mode too); anyio's
-    # pytest plugin runs a test marked anyio on the backend its
-    # `anyio_backend` fixture gives: a name, or a (name, options) pair.
-    # FastAPI's and others' suites parametrize it over asyncio and trio.
-    if item.get_closest_marker("trio") is not None:
-        return True
-    backend = getattr(item, "funcargs", {}).get("anyio_backend")
-    if isinstance(backend, tuple) and backend:
-        backend = backend[0]
-    return backend == "trio"
-
-
 def _is_async(item: pytest.Item) -> bool:
     # Read at collection, before pytest-asyncio swaps the test function for
     # a synchronous wrapper for the duration of the call.
@@ -376,8 +353,6 @@ def _watch(item: pytest.Item, phase: str) -> Generator[None, object, object]:
         for rule in state.rules:
             aiocop.add_allow_rule(rule)
     _portal.install()  # a TestClient's requests carry the test's line (cheap once done)
-    if phase == "call" and state.checked(phase) and settings.threshold_ms is not None and _on_trio(item):
-        session.unchecked_trio += 1
     events = state.events[phase]
     try:
         with session.recorder.phase(events):

@@ -158,6 +158,27 @@ def test_a_trio_program(tmp_path: Path) -> None:
     assert "4 blocking call(s) and 0 stall(s) at 2 call site(s)" in result.stderr
 
 
+def test_a_trio_program_with_a_stall(tmp_path: Path) -> None:
+    # The watchdog watches trio's run loop as it does an asyncio loop's (issue 41).
+    pytest.importorskip("trio")
+    script = tmp_path / "spin.py"
+    script.write_text(
+        "import time, trio\n"
+        "async def main():\n"
+        "    await trio.sleep(0.02)\n"
+        "    end = time.perf_counter() + 0.3\n"
+        "    while time.perf_counter() < end:\n"
+        "        pass\n"
+        "    await trio.sleep(0.02)\n"
+        "trio.run(main)\n"
+    )
+    result = aiocop_run("run", "--threshold-ms", "30", script.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "0 blocking call(s) and 1 stall(s)" in result.stderr
+    [row] = [line.split() for line in result.stderr.splitlines() if "  stall  " in line]
+    assert row[0] == "spin.py:5:main", row
+
+
 @pytest.mark.parametrize(
     ("level", "status"),
     [("high", 3), ("low", 3)],

@@ -337,3 +337,67 @@ def test_the_entry_queue_lock_held_by_a_worker_thread_is_not_reported(detector: 
 
     trio.run(main)
     assert detector.calls == []
+
+
+# --- stalls and hangs of trio's run loop: the watchdog watches a trio run as a loop -------------------
+# (Real time: named in conftest's TIMING_TESTS. Sized well past the threshold.)
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:  # SPIN
+        pass
+
+
+def test_a_spinning_trio_task_is_a_stall_at_its_line_and_work_off_the_loop_is_none(detector: Collector) -> None:
+    aiocop.detect_slow_tasks(threshold_ms=30)
+
+    async def spinner() -> None:
+        await trio.sleep(0.05)
+        _spin(0.3)  # the stall's line
+        await trio.sleep(0.05)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(spinner, name="spinner")
+            nursery.start_soon(trio.sleep, 0.4)  # a task waiting in trio.sleep: no stall
+            nursery.start_soon(trio.to_thread.run_sync, _spin, 0.3)  # in trio's worker thread: off the loop
+
+    trio.run(main)
+    [event] = detector.settle(expected=1)
+    assert event.reason == "cpu_blocking"
+    assert event.task_name == "spinner"
+    assert event.loop.startswith("trio._core._run.Runner@"), event.loop
+    assert event.thread_id == threading.get_ident()
+    assert 270 <= event.elapsed_ms <= 345, event.elapsed_ms
+    sample = event.cpu_stack_samples[0]
+    assert sample["entry_point"].endswith(":_spin"), sample
+    spin_line = _spin.__code__.co_firstlineno + 2
+    caller_line = spinner.__code__.co_firstlineno + 2
+    assert sample["trace"] == f"tests/test_trio.py:{spin_line}:_spin <- tests/test_trio.py:{caller_line}:spinner", (
+        "at the spinning line, up to the task's coroutine (trio's dispatch frame is the step's edge)"
+    )
+
+
+def test_a_hung_trio_run_is_reported_while_it_hangs(detector: Collector) -> None:
+    aiocop.detect_slow_tasks(threshold_ms=30, hang_after_ms=500)
+    arrived: list[tuple[str, float]] = []
+    aiocop.register_slow_task_callback(lambda event: arrived.append((event.reason, time.perf_counter())))
+    ended: list[float] = []
+
+    async def main() -> None:
+        await trio.sleep(0.02)
+        _spin(1.6)  # holds the run loop: hung
+        ended.append(time.perf_counter())
+
+    trio.run(main, instruments=())
+    events = detector.settle(expected=3)
+    hangs = [e for e in events if e.reason == "hang"]
+    assert len(hangs) >= 2, [(e.reason, e.elapsed_ms) for e in events]
+    assert all(e.task_name is not None and e.task_name.endswith("main") for e in hangs)
+    assert all(e.loop.startswith("trio._core._run.Runner@") for e in hangs)
+    # Reported while the step still held the loop, at 500 ms and again at 1 s.
+    assert [when < ended[0] for reason, when in arrived if reason == "hang"] == [True] * len(hangs)
+    assert hangs[0].hung_ms == pytest.approx(500, abs=100)
+    [final] = [e for e in events if e.reason != "hang"]
+    assert final.reason == "cpu_blocking" and 1500 <= final.elapsed_ms <= 1760, final.elapsed_ms

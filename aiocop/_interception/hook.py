@@ -42,7 +42,7 @@ from aiocop._interception import rules as _rules
 from aiocop._interception import wrappers as _wrappers
 from aiocop._interception.frames import Kind
 from aiocop._interception.internals import IMPORT_EVENTS
-from aiocop._interception.trio_runs import TRIO_PACKAGE_PREFIX, TrioRun, TrioTask, run_namespace
+from aiocop._interception.trio_runs import TRIO_PACKAGE_PREFIX, TrioRun, TrioTask, run_namespace, run_of
 from aiocop._model import callbacks as _callbacks
 from aiocop._model import state as _state
 
@@ -247,10 +247,11 @@ wrapper_hook = FunctionType(audit_hook.__code__, audit_hook.__globals__, "audit_
 
 def _trio_run(runner: object) -> TrioRun:
     # The running trio run's stand-in, kept per thread (a thread runs one trio run at a time).
+    # (The same stand-in as the watchdog's watch of the run: run_of.)
     state = current_state()
     run = state.trio_run
     if run is None or run.runner_ref() is not runner:
-        run = state.trio_run = TrioRun(runner)
+        run = state.trio_run = run_of(runner)
     return run
 
 
@@ -378,7 +379,7 @@ orphan_handler: Callable[[list[StepGroup], bool], None] | None = None
 make_violation: Callable[[StepGroup], BaseException] | None = None
 
 # Set by _api while the watchdog runs: registers the running loop of this thread.
-register_loop: Callable[[AbstractEventLoop, FrameType | None], None] | None = None
+register_loop: Callable[[AbstractEventLoop | TrioRun, FrameType | None], None] | None = None
 
 _internal_errors = 0
 
@@ -620,13 +621,14 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
             pending.append(group)  # the delivery callback of this iteration is scheduled already
         else:
             _schedule(group, loop, state)
-        if register_loop is not None and trio_task is None:
+        if register_loop is not None:
             # A loop the watchdog may not know (one that sets no asyncgen hooks,
-            # or bound them before aiocop wrapped them), with its edge. Known
-            # nearly always: that check is made here (a call costs more).
+            # or bound them before aiocop wrapped them; a trio run already going
+            # when detection started), with its edge. Known nearly always: that
+            # check is made here (a call costs more).
             watch = _loops.watches.get(state.thread_id)
             if watch is None or watch.loop_ref() is not loop:
-                register_loop(loop, state.base_frame)  # type: ignore[arg-type]  # not a trio run (tested above)
+                register_loop(loop, None if trio_task is not None else state.base_frame)
     record: Record = _DROPPED
     if len(group.records) < _state.config.max_events_per_step:
         for arg in args:

@@ -27,17 +27,25 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from aiocop._common import forksafe as _forksafe
 from aiocop._common.clock import perf_counter
+from aiocop._interception import trio_runs as _trio_runs
 from aiocop._interception.internals import LOOP_FRAMES
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import FrameType
 
+    from aiocop._interception.trio_runs import TrioRun
+
 logger = logging.getLogger("aiocop")
 
 
 class LoopWatch:
-    """A running loop and the watchdog's view of it."""
+    """A running loop and the watchdog's view of it.
+
+    A trio run is watched as a loop: its `TrioRun` stands for it (`trio_runs`), answering what the
+    watchdog asks of a loop (`is_running`, `call_soon_threadsafe`); its steps are bounded by trio's
+    dispatch frame as an asyncio loop's written in Python are by theirs.
+    """
 
     __slots__ = (
         "armed",
@@ -67,7 +75,9 @@ class LoopWatch:
         "wait",
     )
 
-    def __init__(self, loop: AbstractEventLoop, base_frame: FrameType | None, thread_id: int | None = None) -> None:
+    def __init__(
+        self, loop: AbstractEventLoop | TrioRun, base_frame: FrameType | None, thread_id: int | None = None
+    ) -> None:
         if thread_id is None:
             thread = threading.current_thread()
             self.thread_id = thread.ident or 0
@@ -75,11 +85,14 @@ class LoopWatch:
         else:  # a loop found on another thread's stack
             self.thread_id = thread_id
             self.thread_name = next((t.name for t in threading.enumerate() if t.ident == thread_id), "")
-        self.loop_ref = weakref.ref(loop)
-        cls = type(loop)
-        # object.__repr__ gives the address without id() (an audited call).
-        address = object.__repr__(loop).rpartition(" at ")[2].rstrip(">")
-        self.loop_name = f"{cls.__module__}.{cls.__qualname__}@{address}"
+        self.loop_ref: weakref.ref[Any] = weakref.ref(loop)
+        if _trio_runs.is_run(loop):
+            self.loop_name = loop.name  # its Runner's, as the run's blocking calls are named
+        else:
+            cls = type(loop)
+            # object.__repr__ gives the address without id() (an audited call).
+            address = object.__repr__(loop).rpartition(" at ")[2].rstrip(">")
+            self.loop_name = f"{cls.__module__}.{cls.__qualname__}@{address}"
         self.base_frame = base_frame
         self.cpu_clock = _cpu_clock(self.thread_id)
         # Found by the watchdog, not told by the loop's start: its stop is not
@@ -125,6 +138,7 @@ class LoopWatch:
 
     @property
     def loop(self) -> AbstractEventLoop | None:
+        # (A trio run's `TrioRun` answers the calls the watchdog makes of a loop; see the class.)
         return self.loop_ref()
 
     def delivered(self, ident: object, start: float, end: float) -> None:
@@ -188,6 +202,8 @@ listeners: tuple[LoopListener, ...] = ()
 
 
 def _tell(method: str, loop: AbstractEventLoop | None) -> None:
+    if _trio_runs.is_run(loop):
+        return  # (the loop-delay probe times asyncio's loops: a trio run takes no call_later)
     for listener in listeners:
         try:
             if loop is not None:
@@ -197,7 +213,11 @@ def _tell(method: str, loop: AbstractEventLoop | None) -> None:
 
 
 def register(
-    loop: AbstractEventLoop, base_frame: FrameType | None, thread_id: int | None = None, *, starting: bool = False
+    loop: AbstractEventLoop | TrioRun,
+    base_frame: FrameType | None,
+    thread_id: int | None = None,
+    *,
+    starting: bool = False,
 ) -> LoopWatch:
     """Record that `loop` runs on the current thread (or the given one).
 
@@ -229,7 +249,7 @@ def register(
     if on_change is not None:
         on_change()
     if listeners:
-        _tell("loop_started", loop)
+        _tell("loop_started", watch.loop)
     return watch
 
 
@@ -242,6 +262,9 @@ def unregister(thread_id: int, *, stopping: bool = False) -> None:
             return
         watches = {k: v for k, v in watches.items() if k != thread_id}
     watch.base_frame = None  # the loop no longer runs: keep no frame (and its locals) alive
+    run = watch.loop_ref()
+    if _trio_runs.is_run(run):
+        run.running = False  # (nothing more is queued on it: its entry queue is closed)
     watch.armed = False  # a tripwire still installed on its thread removes itself at its next event
     if stopping and watch.tripwire is not None and sys.getprofile() is watch.tripwire:
         sys.setprofile(None)  # (this thread's own: the application's code after the loop runs unprofiled)
@@ -254,7 +277,7 @@ def unregister(thread_id: int, *, stopping: bool = False) -> None:
             _tell("loop_stopped", watch.loop)
 
 
-def ensure_registered(loop: AbstractEventLoop, base_frame: FrameType | None = None) -> None:
+def ensure_registered(loop: AbstractEventLoop | TrioRun, base_frame: FrameType | None = None) -> None:
     """Register the loop running on this thread if no start was seen (e.g. veloxloop).
 
     `base_frame`: the frame that called into the loop, as the audit hook saw
@@ -263,6 +286,10 @@ def ensure_registered(loop: AbstractEventLoop, base_frame: FrameType | None = No
     of its steps. Loops written in Python are bounded by their own frames.
     """
     watch = watches.get(threading.get_ident())
+    if _trio_runs.is_run(loop):
+        if watch is None or watch.loop_ref() is not loop:
+            _trio_running(loop)  # a run already going when detection started, in another thread
+        return
     if watch is None or watch.loop is not loop:
         python_loop = type(loop).__module__.partition(".")[0] in PYTHON_LOOP_PACKAGES
         if python_loop or base_frame is not None:
@@ -315,7 +342,9 @@ def _set_asyncgen_hooks(*args: Any, **kwargs: Any) -> Any:
     firstiter = kwargs.get("firstiter", args[0] if args else _MISSING)
     owner = getattr(firstiter, "__self__", None)
     try:
-        if isinstance(owner, AbstractEventLoop):
+        if owner is None and firstiter is not _MISSING and _trio_runs.is_trio_hook(firstiter):
+            _trio_starts(sys._getframe(1))
+        elif isinstance(owner, AbstractEventLoop):
             # A loop starts. For a loop written in C, the frame that called it
             # bounds its steps; a loop written in Python is bounded by its own
             # dispatch frames (_internals.LOOP_FRAMES), so nothing is kept for
@@ -346,6 +375,31 @@ def _set_running_loop(loop: AbstractEventLoop | None) -> None:
     _original_set_running(loop)
 
 
+def _trio_starts(caller: FrameType) -> None:
+    # A trio run starts on this thread: its Runner installs its asyncgen hooks
+    # (`AsyncGenerators.install_hooks(runner)`, this frame), before its first
+    # step. Its stop restores the hooks before (None: unregistered, as a loop's).
+    if _get_running_loop() is not None:
+        # A guest run on this thread's asyncio loop (start_guest_run): its
+        # steps run inside that loop's callbacks, watched as that loop's.
+        return
+    f: FrameType | None = caller
+    for _ in range(3):  # (install_hooks, setup_runner: both hold it)
+        if f is None:
+            return
+        name = f.f_globals.get("__name__")
+        runner = f.f_locals.get("runner") if type(name) is str and name.startswith("trio.") else None
+        if runner is not None:
+            _trio_running(_trio_runs.run_of(runner), starting=True)
+            return
+        f = f.f_back
+
+
+def _trio_running(run: TrioRun, *, starting: bool = False) -> None:
+    run.running = True
+    register(run, None, starting=starting)
+
+
 def install() -> None:
     """Wrap the two calls every loop makes when it starts and stops (idempotent),
     and register a loop already running here."""
@@ -361,6 +415,10 @@ def install() -> None:
     running = _get_running_loop()
     if running is not None:
         ensure_registered(running)
+        return
+    runner = _trio_runs.current_runner()
+    if runner is not None:
+        _trio_running(_trio_runs.run_of(runner))  # set up inside a trio run
 
 
 def _register_from_callback(loop: AbstractEventLoop) -> None:

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from contextvars import Context
 
+    from typing_extensions import TypeIs
+
 logger = logging.getLogger("aiocop")
 
 # Where trio keeps its per-thread run namespace, and the package prefix of the code that starts and
@@ -70,6 +72,36 @@ def run_namespace() -> Any | None:
     return namespace
 
 
+def current_runner() -> object | None:
+    """The trio run (`Runner`) running on this thread, if any: detection set up inside a run."""
+    namespace = run_namespace()
+    return None if namespace is None else namespace.__dict__.get("runner")
+
+
+# Each run's stand-in, for as long as its Runner lives: the hook's events and the watchdog's watch
+# name the same object (`run_of`). A Runner is weakly referenceable (attrs' slots keep a weakref).
+_runs: weakref.WeakKeyDictionary[object, TrioRun] = weakref.WeakKeyDictionary()
+
+
+def run_of(runner: object) -> TrioRun:
+    """The stand-in of the trio run `runner` (made at its first use: its start, or its first blocking call)."""
+    run = _runs.get(runner)
+    if run is None:
+        run = _runs.setdefault(runner, TrioRun(runner))
+    return run
+
+
+def is_run(loop: object) -> TypeIs[TrioRun]:
+    """Whether `loop`, a loop as the watchdog holds one, is a trio run's stand-in (by type: no `__class__` read)."""
+    return type(loop) is TrioRun
+
+
+def is_trio_hook(firstiter: object) -> bool:
+    """Whether `firstiter`, given to `sys.set_asyncgen_hooks`, is a trio run's (its start)."""
+    module = getattr(firstiter, "__module__", None)
+    return type(module) is str and module.startswith(TRIO_PACKAGE_PREFIX)
+
+
 def current_task() -> TrioTask | None:
     """The trio task running a step on this thread, if any (`trio.lowlevel.current_task()`, without raising).
 
@@ -87,10 +119,12 @@ class TrioRun:
     by the hook at the run's first blocking call; it holds its run's `Runner` weakly.
     """
 
-    __slots__ = ("__weakref__", "_due", "name", "runner_ref")
+    __slots__ = ("__weakref__", "_due", "name", "runner_ref", "running")
 
     def __init__(self, runner: object) -> None:
         self.runner_ref = weakref.ref(runner)
+        # Between its start and its stop as `_interception.loops` saw them (the watchdog's watch).
+        self.running = False
         # Named as asyncio's loops are ("module.Class@address"); object.__repr__ gives the address
         # without id(), an audited call.
         cls = type(runner)
@@ -124,6 +158,39 @@ class TrioRun:
                     context.run(callback, *args)
             except Exception:  # trio would disable the instrument and log it: say it is aiocop's
                 logger.exception("aiocop: delivering a trio task's blocking calls failed (ignored)")
+
+    def is_running(self) -> bool:
+        """Whether the run is going (started, not yet stopped: what the watchdog asks of a loop)."""
+        return self.running and self.runner_ref() is not None
+
+    def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any, context: Context | None = None) -> None:
+        """Run `callback(*args)` (in `context`) on the run's thread, soon: trio's entry queue (`run_sync_soon`).
+
+        From any thread, as asyncio's `loop.call_soon_threadsafe`, for the watchdog's own short
+        callbacks (its heartbeat, its tripwire's arming). Raises RuntimeError once the run is over
+        (trio's `RunFinishedError` is one).
+        """
+        runner: Any = self.runner_ref()
+        if runner is None or not self.running:
+            raise RuntimeError("the trio run has finished")
+        if context is None:
+            runner.entry_queue.run_sync_soon(callback, *args)
+        else:
+            runner.entry_queue.run_sync_soon(context.run, callback, *args)
+
+    def task_of(self, root: object) -> Any:
+        """The trio task whose coroutine runs in the frame `root` (None: none), read from any thread."""
+        runner: Any = self.runner_ref()
+        if runner is None or root is None:
+            return None
+        try:
+            tasks = list(runner.tasks)  # (a copy: the run's thread adds and removes tasks meanwhile)
+        except RuntimeError:
+            return None
+        for task in tasks:
+            if getattr(getattr(task, "coro", None), "cr_frame", None) is root:
+                return task
+        return None
 
     def get_debug(self) -> bool:
         """Never an asyncio loop in debug mode (the known-harmless rules of debug-mode loops ask)."""

@@ -348,7 +348,7 @@ def build_stall_event(stall: Stall, task: Any, context: dict[str, Any]) -> SlowT
     group.t_end = stall.end
     group.stall = stall  # the score stays 0: as in 1.x, it counts intercepted calls only
     return lazy_event(
-        Origin(watch.loop_name), group, context, task.get_name() if task is not None else None, "cpu_blocking"
+        Origin(watch.loop_name), group, context, _hook.task_name(task) if task is not None else None, "cpu_blocking"
     )
 
 

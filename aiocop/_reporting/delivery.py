@@ -26,6 +26,7 @@ from aiocop._common.clock import perf_counter
 from aiocop._interception import harmless as _harmless
 from aiocop._interception import hook as _hook
 from aiocop._interception import loops as _loops
+from aiocop._interception.trio_runs import is_run
 from aiocop._model import callbacks as _callbacks
 from aiocop._model import state as _state
 from aiocop._model.events import SlowTaskEvent
@@ -271,7 +272,9 @@ def _report_stall(stall: Stall) -> None:
             state.busy = was_busy
 
     loop = stall.watch.loop
-    if _state.config.delivery == "loop" and loop is not None and loop.is_running():
+    # A trio run's stalls go to the worker: a guest run (anyio's pytest plugin) runs its entry
+    # queue only while its host ticks it, and a test's last stall handed there waited for the next test.
+    if _state.config.delivery == "loop" and loop is not None and loop.is_running() and not is_run(loop):
         _hand_to_loop(loop, deliver, context)
     elif _state.config.delivery == "loop" and threading.get_ident() == stall.watch.thread_id:
         context.run(deliver)  # the loop's own thread, as the loop stops (_loop_stopping)

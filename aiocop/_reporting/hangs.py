@@ -236,7 +236,7 @@ def build_event(hang: Hang) -> SlowTaskEvent:
         blocking_events=[],  # the step's calls are in its final event
         context=_context(hang),
         cpu_stack_samples=samples,
-        task_name=task.get_name() if task is not None else None,
+        task_name=_hook.task_name(task) if task is not None else None,
         thread_name=hang.watch.thread_name,
         thread_id=hang.watch.thread_id,
         loop=hang.watch.loop_name,

@@ -5,7 +5,8 @@ step ends (`timing.stall_of`); the task whose step it was is found while it runs
 read from another thread), and the culprit is named from the most frequent
 sample (`describe`, which reads source lines: off the hot path).
 
-May import: aiocop._model, aiocop._interception.loops (types only), aiocop._stalls.culprit.
+May import: aiocop._model, aiocop._interception.loops (types only), aiocop._interception.trio_runs,
+aiocop._stalls.culprit.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import gc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from aiocop._interception.trio_runs import TrioRun, is_run
 from aiocop._model import state as _state
 from aiocop._stalls import culprit as _culprit
 
@@ -75,6 +77,8 @@ class StalledTask:
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop | None, root: FrameType | None) -> StalledTask:
         """The task of `loop` whose coroutine runs in `root`, as it is now."""
+        if is_run(loop):
+            return cls._of_trio(loop, root)
         task = _find_task(loop, root)
         context = _context_of(task)
         if task is None:
@@ -83,6 +87,17 @@ class StalledTask:
         # version and loop), else the one it inherited (3.12+ only).
         own = _state.task_monitored.get(task)
         return cls(task, context, context.get(_state.monitored, True) if own is None else own)
+
+    @classmethod
+    def _of_trio(cls, run: TrioRun, root: FrameType | None) -> StalledTask:
+        # A trio task runs every step in its own context (`task.context`), where its
+        # monitored() scopes are, whichever task entered them.
+        task = run.task_of(root)
+        held = getattr(task, "context", None)
+        if not isinstance(held, contextvars.Context):
+            return cls(task, contextvars.Context(), True)
+        context = held.copy()
+        return cls(task, context, context.get(_state.monitored, True))
 
 
 def _context_of(task: Any) -> contextvars.Context:

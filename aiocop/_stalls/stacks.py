@@ -41,13 +41,15 @@ def step_of(frame: FrameType, watch: LoopWatch, now: float) -> tuple[object, Fra
     base = watch.base_frame
     innermost = frame
     root: FrameType | None = None
+    outer: FrameType | None = None  # the outermost frame that is not the loop's own (trio's dispatch: see below)
     f: FrameType | None = frame
     walked = 0
     while f is not None and walked < MAX_WALK:
         walked += 1
         kind = _frames.frame_kind(f)
         if kind == Kind.LOOP:
-            roles = _frames.LOOP_ROLES.get(f.f_globals.get("__name__"))  # type: ignore[arg-type]
+            module = f.f_globals.get("__name__")
+            roles = _frames.LOOP_ROLES.get(module)  # type: ignore[arg-type]
             if roles is not None:
                 role = roles.get(f.f_code.co_name)
                 if role == "core":
@@ -55,9 +57,23 @@ def step_of(frame: FrameType, watch: LoopWatch, now: float) -> tuple[object, Fra
                 if role == "dispatch":
                     if root is None or _is_own(root, watch, now):
                         return None
+                    # trio runs its own work under this frame too, outside any
+                    # task's step (I/O events, deadlines, its system tasks, the
+                    # instruments), and aiocop's through it (a delivery at a
+                    # step's end, the entry queue's run of the watchdog's
+                    # callbacks): a step of the application's has a frame of
+                    # its own above trio's, and is aiocop's if the outermost is.
+                    if module == _TRIO_DISPATCH and (
+                        outer is None or outer.f_globals.get("__name__") in _OWN_STEP_MODULES
+                    ):
+                        return None
                     # asyncio's Handle._run is a new frame for every callback and
-                    # task step: the best step identity there is.
-                    return (f if f.f_globals.get("__name__") == "asyncio.events" else root), root, innermost
+                    # task step: the best step identity there is. (A trio task's
+                    # steps share its coroutine's frame, as a C loop's do: the
+                    # heartbeat tells them apart.)
+                    return (f if module == "asyncio.events" else root), root, innermost
+        else:
+            outer = f
         if f is base:
             return (root, root, innermost) if root is not None and not _is_own(root, watch, now) else None
         root = f
@@ -106,8 +122,12 @@ def in_tick(root: FrameType) -> bool:
 _PROBE_MODULE = "aiocop._stalls.probe"
 
 
+# trio's run loop, whose dispatch frame (LOOP_FRAMES) runs trio's own work besides the tasks' steps.
+_TRIO_DISPATCH = "trio._core._run"
+
 _OWN_STEP_MODULES = frozenset(
     {
+        "aiocop._interception.trio_runs",  # a trio step's delivery, run by trio at the step's end
         "aiocop._reporting.delivery",
         "aiocop._model.callbacks",
         "aiocop._stalls.watchdog",  # its heartbeat
