@@ -41,6 +41,13 @@ sets the tripwire up on the loop's own thread. How depends on the Python:
   watchdog keeps looking at them at a rate bound by the threshold, and as
   their next timer ends (`waits`, on Linux).
 
+A trio run (issue 41) is armed on every Python through trio's own instrument
+API: the arming callback (trio's entry queue, `run_sync_soon`) adds an
+instrument whose `after_io_wait` runs as the run comes back from its wait
+for I/O and timers, before any task's step: it removes itself, notes the
+moment and wakes the watchdog. Nothing runs while the run waits, and nothing
+on its steps: an instrument with `after_io_wait` only is not called for them.
+
 A tripwire never raises into the loop: a failure inside it removes it,
 leaves that loop unarmed (looked at at the threshold-bound rate) and is
 logged once.
@@ -60,6 +67,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiocop._common.clock import perf_counter, thread_time
 from aiocop._interception import frames as _frames
+from aiocop._interception import trio_runs as _trio_runs
 from aiocop._interception.frames import Kind
 
 if TYPE_CHECKING:
@@ -133,7 +141,7 @@ def can_arm(watch: LoopWatch) -> bool:
         return False
     loop = watch.loop
     # (type(), not isinstance(): no `__class__` of the application's is read here.)
-    return loop is None or PROFILE or issubclass(type(loop), BaseEventLoop)
+    return loop is None or PROFILE or issubclass(type(loop), BaseEventLoop) or _trio_runs.is_run(loop)
 
 
 def step_seen(watch: LoopWatch) -> None:
@@ -158,7 +166,10 @@ def _install(watch: LoopWatch, wake: Callable[[], None]) -> None:
     # sees no step of the loop's (which would disarm it: step_seen).
     watch.own = True
     try:
-        placed = _set_profile(watch, wake, started) if PROFILE else _wrap_select(watch, wake)
+        if _trio_runs.is_run(watch.loop):
+            placed = _add_instrument(watch, wake)
+        else:
+            placed = _set_profile(watch, wake, started) if PROFILE else _wrap_select(watch, wake)
     except Exception:
         _failed(watch, "could not arm")
         placed = False
@@ -291,6 +302,48 @@ def _only_own(loop: Any, events: Any) -> bool:
         if not timer._cancelled and not _own(timer._callback):
             return False
         todo.extend(j for j in (2 * i + 1, 2 * i + 2) if j < count)
+    return True
+
+
+# A trio run: an instrument of its own (any Python).
+
+
+class _TrioTripwire:
+    """The `trio.abc.Instrument` a trio run is armed with: `after_io_wait` trips it (see the module's docstring)."""
+
+    __slots__ = ("wake", "watch")
+
+    def __init__(self, watch: LoopWatch, wake: Callable[[], None]) -> None:
+        self.watch = watch
+        self.wake = wake
+
+    def __dir__(self) -> list[str]:
+        # trio's add_instrument looks for hooks in dir(instrument): this one's only (see TrioRun.__dir__).
+        return ["after_io_wait"]
+
+    def __call__(self, timeout: float) -> None:
+        self.after_io_wait(timeout)
+
+    def after_io_wait(self, timeout: float) -> None:
+        """Run by trio on the run's thread as it comes back from waiting: the run woke."""
+        woke = perf_counter()
+        watch = self.watch
+        try:
+            sys.modules["trio"].lowlevel.remove_instrument(self)
+            if watch.armed:
+                watch.armed = False
+                watch.tripped = woke
+                _wake(self.wake)
+        except Exception:
+            _failed(watch, "failed")
+
+
+def _add_instrument(watch: LoopWatch, wake: Callable[[], None]) -> bool:
+    # On the run's thread, in its entry queue's task: inside the run, where trio's add_instrument works.
+    tripwire = watch.tripwire
+    if type(tripwire) is not _TrioTripwire:
+        tripwire = watch.tripwire = _TrioTripwire(watch, wake)
+    sys.modules["trio"].lowlevel.add_instrument(tripwire)  # (still in place since the last arming: no change)
     return True
 
 
