@@ -1515,3 +1515,99 @@ def test_with_no_loop_known_an_unannounced_loops_first_step_is_looked_for_every_
     assert dog.after(1.0) == near(0.015)
     monkeypatch.setattr(_loops, "unannounced_loops_possible", lambda: False)
     assert dog.after(1.0) == near(0.25)
+
+
+# --- a trio run (issue 41): its steps bounded by trio's dispatch frame, seen live from inside a real run --
+
+
+def test_a_trio_step_is_the_tasks_frames_up_to_trios_dispatch_and_trios_own_work_is_none(rec: Recorded) -> None:
+    """A look inside a trio task's step finds the step up to the task's coroutine (trio's `unrolled_run`
+    below it is the edge), with that frame as identity; trio's own work under the same frame (an
+    instrument's hook, the delivery aiocop runs at a step's end) is no step of the application's,
+    unless it runs the application's code (a user's instrument holds the loop as any step does)."""
+    trio = pytest.importorskip("trio")
+    from aiocop._interception import trio_runs
+    from aiocop._interception.trio_runs import TrioRun
+
+    watch = watch_of()
+    found: dict[str, Any] = {}
+
+    class Instrument(trio.abc.Instrument):  # type: ignore[misc, name-defined]
+        def before_task_step(self, task: Any) -> None:
+            found.setdefault("user instrument", _stacks.step_of(sys._getframe(), watch, 100.0))
+
+    def delivered() -> None:  # run by aiocop's instrument at the step's end, as a step's blocking calls are
+        found.setdefault("aiocop's delivery", _stacks.step_of(sys._getframe(), watch, 100.0))
+
+    async def main() -> None:
+        found["task"] = (sys._getframe(), _stacks.step_of(sys._getframe(), watch, 100.0))
+        TrioRun(trio_runs.current_runner()).call_soon(delivered)
+        await trio.sleep(0)
+
+    trio.run(main, instruments=[Instrument()])
+    frame, (ident, root, innermost) = found["task"]
+    assert root is frame and ident is frame and innermost is frame
+    assert found["aiocop's delivery"] is None
+    user = found["user instrument"]
+    assert user is not None and user[1].f_code.co_name == "call"  # trio's Instruments.call: the step's root
+
+
+def test_a_trio_tasks_steps_share_its_frame_and_the_heartbeat_tells_them_apart(rec: Recorded) -> None:
+    """As on a loop written in C: one task's steps share its coroutine's frame, so a step is proven stuck by
+    the heartbeat posted at its first sighting, unanswered; the heartbeat run, the same frame is a new step."""
+    trio = pytest.importorskip("trio")
+    loop = StubLoop(running=True)
+    looks = Looks(watch_of(loop))
+    idle = sys._getframe()  # (no trio frame under it: what a look sees while the run waits)
+    seen: dict[str, Any] = {}
+
+    async def task() -> None:
+        here = sys._getframe()
+        assert not looks.at(100.000, 1.000, idle)
+        assert looks.at(100.010, 1.010, here)
+        assert len(loop.calls) == 1 and looks.watch.beat_posted == 100.010
+        looks.at(100.050, 1.050, here)
+        seen["first"] = looks.step
+        await trio.sleep(0)
+        looks.watch.beat_done = 100.052  # (what the posted callback does on the run's thread)
+        looks.at(100.060, 1.055, sys._getframe())
+        seen["second"] = looks.step
+
+    trio.run(task)
+    first, second = seen["first"], seen["second"]
+    assert first.stalled and first.ident is first.root
+    [stall] = rec.stalls
+    assert (stall.start, stall.end) == (near(100.000), near(100.052))
+    assert second is not first and second.root is first.root
+    assert (second.t_prev, second.cpu_prev) == (100.052, 1.050)
+    assert len(loop.calls) == 2
+
+
+def test_a_trio_run_is_armed_by_an_instrument_that_trips_as_the_run_wakes(rec: Recorded) -> None:
+    """_tripwire.arm on a trio run: its entry queue adds an instrument (any Python, no profile function)
+    whose after_io_wait, as the run comes back from a wait, removes it and wakes the watchdog once."""
+    trio = pytest.importorskip("trio")
+    from aiocop._interception import trio_runs
+
+    wakes: list[float] = []
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        runner: Any = trio_runs.current_runner()
+        run = trio_runs.TrioRun(runner)
+        run.running = True
+        watch = seen["watch"] = watch_of(run)
+        assert _tripwire.can_arm(watch)
+        assert _tripwire.arm(watch, lambda: wakes.append(watch.tripped))
+        assert watch.armed and not wakes
+        # The entry queue's task runs the arming in a step of its own; the run's next pass through
+        # its wait (one with nothing to run, here) comes back and trips it.
+        await trio.sleep(0.01)
+        seen["left"] = "after_io_wait" in runner.instruments
+        run.running = False
+
+    trio.run(main)
+    watch = seen["watch"]
+    assert watch.tripwire_set > 0 and type(watch.tripwire).__name__ == "_TrioTripwire"
+    assert not watch.armed and wakes == [watch.tripped] and watch.tripped >= watch.tripwire_set
+    assert not seen["left"], "it removed itself: no instrument runs on the run's later passes"
