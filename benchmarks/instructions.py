@@ -1,7 +1,7 @@
 """Instructions per task, counted by valgrind: a cost figure that load on the machine cannot move.
 
     python benchmarks/instructions.py [--loop uvloop] [--scenarios stat deep stat2 pure] [--tasks 3000]
-    python benchmarks/instructions.py --loop trio --scenarios pure stat stat2
+    python benchmarks/instructions.py --loop trio --scenarios pure stat stat2 [--watchdog]
     python benchmarks/instructions.py --table | --markdown | --docs | --json [--with-blockbuster]
 
 `--table` measures the cost table of issue 26 (each call kind on asyncio
@@ -25,7 +25,10 @@ difference by the number of tasks, so start-up and set-up cancel out. Modes:
 - `inert`: detection started, then `aiocop.deactivate()`: the wrappers and
   the audit hook's first look only;
 - `full`: detection on, every event delivered to a counting callback with
-  a 5-frame trace (as in the suite's per-task section).
+  a 5-frame trace (as in the suite's per-task section);
+- `watchdog` (with `--watchdog`): `full` with the stall watchdog on too, as
+  `--table` runs it (a threshold no step reaches, looks far apart): what the
+  watchdog asks of each step on the loop's thread.
 
 `--loop trio` runs `pure`, `stat` and `stat2` as trio tasks (a checkpoint for
 `asyncio.sleep(0)`, 500 at a time in a nursery).
@@ -252,6 +255,8 @@ def child(mode: str, scenario: str, loop_name: str, tasks: int) -> None:
             aiocop.add_allow_rule("os.stat", module=__name__)
         if mode == "inert":
             aiocop.deactivate()
+        if mode == "watchdog":
+            _watch_slowly(aiocop)
     body = BODIES[scenario]
 
     async def run(count: int) -> None:
@@ -275,7 +280,7 @@ def child(mode: str, scenario: str, loop_name: str, tasks: int) -> None:
         delivered[0] = 0
         loop.run_until_complete(run(tasks))
         loop.close()
-    expected = tasks if mode in ("full", "floor") and scenario not in SILENT else 0
+    expected = tasks if mode in ("full", "watchdog", "floor") and scenario not in SILENT else 0
     if delivered[0] != expected:
         sys.exit(f"{mode}/{scenario}: {delivered[0]} events delivered, expected {expected}")
 
@@ -493,6 +498,25 @@ def _check_delivered(mode: str, loop_name: str, scenario: str, delivered: int, c
         sys.exit(f"{mode}/{scenario} on {loop_name}: {delivered} events delivered, expected {expected}")
 
 
+def _watch_slowly(aiocop: Any) -> None:
+    aiocop.detect_slow_tasks(threshold_ms=WATCHDOG_THRESHOLD_MS)
+    # Each look of the watchdog takes the GIL from the loop's thread, and
+    # the hand-over costs that thread instructions at moments set by the
+    # clock, which valgrind's slowdown and the machine's load move: up to
+    # 4 % of a figure between runs at the default 2 ms, and still up to
+    # 9 % at one look a second on a loaded machine, where a region lasts
+    # a minute (file read on asyncio: +66.4 k in one full table, +60.7 k
+    # in the next). Here it looks every WATCHDOG_LOOK_S: the loop thread's own
+    # work for the watchdog stays in every figure, the polling's share is
+    # benchmarks/watchdog_busy_cost.py's.
+    from aiocop._stalls import settings as _settings
+    from aiocop._stalls import watchdog as _watchdog
+
+    _settings.sampling.busy_poll_ms = WATCHDOG_LOOK_S * 1000.0
+    _settings.sampling.idle_interval_ms = WATCHDOG_LOOK_S * 1000.0
+    _watchdog._FAST_IDLE_S = WATCHDOG_LOOK_S
+
+
 def _set_up_table_mode(mode: str, counted: list[int]) -> Any:
     """Switch on what `mode` measures in a table child; aiocop's module when it is aiocop's mode, else None."""
     global CAUGHT, SCOPE
@@ -507,22 +531,7 @@ def _set_up_table_mode(mode: str, counted: list[int]) -> Any:
 
         aiocop.start_blocking_io_detection(trace_depth=5)
         aiocop.register_slow_task_callback(lambda event: counted.__setitem__(0, counted[0] + 1))
-        aiocop.detect_slow_tasks(threshold_ms=WATCHDOG_THRESHOLD_MS)
-        # Each look of the watchdog takes the GIL from the loop's thread, and
-        # the hand-over costs that thread instructions at moments set by the
-        # clock, which valgrind's slowdown and the machine's load move: up to
-        # 4 % of a figure between runs at the default 2 ms, and still up to
-        # 9 % at one look a second on a loaded machine, where a region lasts
-        # a minute (file read on asyncio: +66.4 k in one full table, +60.7 k
-        # in the next). Here it looks every WATCHDOG_LOOK_S: the loop thread's own
-        # work for the watchdog stays in every figure, the polling's share is
-        # benchmarks/watchdog_busy_cost.py's.
-        from aiocop._stalls import settings as _settings
-        from aiocop._stalls import watchdog as _watchdog
-
-        _settings.sampling.busy_poll_ms = WATCHDOG_LOOK_S * 1000.0
-        _settings.sampling.idle_interval_ms = WATCHDOG_LOOK_S * 1000.0
-        _watchdog._FAST_IDLE_S = WATCHDOG_LOOK_S
+        _watch_slowly(aiocop)
         SCOPE = aiocop.allow_blocking
         if mode == "otel":
             from opentelemetry.sdk.metrics import MeterProvider
@@ -913,6 +922,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--floor", action="store_true", help="add the floor_detector.py column (stat only)")
     parser.add_argument(
+        "--watchdog", action="store_true", help="add a column: full, with the stall watchdog on (as in --table)"
+    )
+    parser.add_argument(
         "--profile",
         metavar="SCENARIO",
         choices=list(BODIES),
@@ -964,10 +976,11 @@ def main() -> None:
         audit_cost()
         return
     print(f"instructions per task on {args.loop}, Python {sys.version.split()[0]} ({args.tasks} tasks, valgrind)")
-    columns = (*MODES, "floor") if args.floor else MODES
+    plain = (*MODES, "watchdog") if args.watchdog else MODES
+    columns = (*plain, "floor") if args.floor else plain
     print(f"{'scenario':9} {'baseline':>10}" + "".join(f" {mode:>16}" for mode in columns[1:]))
     for scenario in args.scenarios:
-        modes = columns if scenario == "stat" else MODES
+        modes = columns if scenario == "stat" else plain
         counts = {mode: per_task(mode, scenario, args.loop, args.tasks) for mode in modes}
         base = counts["baseline"]
         cells = [f"{base:10.0f}"] + [f"{counts[m]:9.0f} {f'({counts[m] - base:+.0f})':>9}" for m in modes[1:]]
