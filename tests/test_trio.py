@@ -340,7 +340,51 @@ def test_the_entry_queue_lock_held_by_a_worker_thread_is_not_reported(detector: 
 
 
 # --- stalls and hangs of trio's run loop: the watchdog watches a trio run as a loop -------------------
-# (Real time: named in conftest's TIMING_TESTS. Sized well past the threshold.)
+
+
+def test_a_trio_run_is_the_threads_loop_from_its_start_and_again_after_an_asyncio_run_in_between(
+    detector: Collector,
+) -> None:
+    # What the watchdog watches on the thread: the run from its start (trio installs its asyncgen
+    # hooks), and again once an asyncio loop run on the same thread between a guest run's ticks (a
+    # synchronous test under anyio's plugin) has stopped, restoring trio's hooks.
+    import asyncio
+    import queue
+
+    from aiocop._interception import loops as _loops
+
+    aiocop.detect_slow_tasks(threshold_ms=30)
+    ticks: queue.Queue[Any] = queue.Queue()
+    state: dict[str, Any] = {}
+
+    def watched() -> str:
+        return _loops.watches[threading.get_ident()].loop_name
+
+    async def main() -> None:
+        state["first step"] = watched()
+        await trio.sleep(0.001)
+        state["ticked"] = True
+        while "go" not in state:
+            await trio.sleep(0.001)
+
+    def done(outcome: Any) -> None:
+        state["done"] = outcome
+
+    trio.lowlevel.start_guest_run(main, run_sync_soon_threadsafe=ticks.put, done_callback=done)
+    while "ticked" not in state:
+        ticks.get()()
+    asyncio.run(asyncio.sleep(0))
+    state["after asyncio.run"] = watched()
+    state["go"] = True
+    while "done" not in state:
+        ticks.get()()
+    state["done"].unwrap()
+    assert state["first step"].startswith("trio._core._run.Runner@")
+    assert state["after asyncio.run"] == state["first step"]
+    assert threading.get_ident() not in _loops.watches, "the run's end unregistered it"
+
+
+# (Real time from here: named in conftest's TIMING_TESTS. Sized well past the threshold.)
 
 
 def _spin(seconds: float) -> None:

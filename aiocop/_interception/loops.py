@@ -376,9 +376,12 @@ def _set_running_loop(loop: AbstractEventLoop | None) -> None:
 
 
 def _trio_starts(caller: FrameType) -> None:
-    # A trio run starts on this thread: its Runner installs its asyncgen hooks
-    # (`AsyncGenerators.install_hooks(runner)`, this frame), before its first
-    # step. Its stop restores the hooks before (None: unregistered, as a loop's).
+    # A trio run's asyncgen hooks are set on this thread: its Runner installs
+    # them (`AsyncGenerators.install_hooks(runner)`, this frame) as it starts,
+    # before its first step; its stop restores the previous ones (None:
+    # unregistered, as a loop's). Or an asyncio loop run inside a trio run
+    # (a guest run's host thread between ticks, a synchronous test) stopped,
+    # restoring them: the trio run is this thread's loop again.
     if _get_running_loop() is not None:
         # A guest run on this thread's asyncio loop (start_guest_run): its
         # steps run inside that loop's callbacks, watched as that loop's.
@@ -386,13 +389,16 @@ def _trio_starts(caller: FrameType) -> None:
     f: FrameType | None = caller
     for _ in range(3):  # (install_hooks, setup_runner: both hold it)
         if f is None:
-            return
+            break
         name = f.f_globals.get("__name__")
         runner = f.f_locals.get("runner") if type(name) is str and name.startswith("trio.") else None
         if runner is not None:
             _trio_running(_trio_runs.run_of(runner), starting=True)
             return
         f = f.f_back
+    runner = _trio_runs.current_runner()  # (set by the run's start, after its hooks: the restore's case)
+    if runner is not None:
+        _trio_running(_trio_runs.run_of(runner), starting=True)
 
 
 def _trio_running(run: TrioRun, *, starting: bool = False) -> None:
