@@ -11,6 +11,12 @@ flagging each step (`before_task_step`/`after_task_step`) cost +2.5 µs on every
 `trio.to_thread.run_sync` runs its function in a worker thread, whose namespace names no task: its
 calls are not reported, as `asyncio.to_thread`'s are not.
 
+The stall watchdog watches a trio run as a loop, its `TrioRun` standing for it: registered as the run
+installs its asyncgen hooks (`_interception.loops`), its steps bounded by trio's dispatch frame
+(`_stalls.stacks`), its heartbeat and its tripwire's arming sent through trio's entry queue
+(`TrioRun.call_soon_threadsafe`), its tripwire an instrument's `after_io_wait` (`_stalls.tripwire`):
+nothing on the run's steps.
+
 Nothing here imports trio: the namespace is taken from `sys.modules` once the program has imported it
 (`run_namespace`), which the hook asks for when detection is set up and whenever a trio run starts.
 
@@ -115,8 +121,11 @@ def current_task() -> TrioTask | None:
 class TrioRun:
     """One trio run where aiocop needs an event loop: what a step's calls are delivered on, and named after.
 
-    Also the `trio.abc.Instrument` that delivers them (see the module's docstring). One per run, made
-    by the hook at the run's first blocking call; it holds its run's `Runner` weakly.
+    Also the `trio.abc.Instrument` that delivers them (see the module's docstring), and the loop the
+    stall watchdog watches for the run (`_interception.loops`: its `LoopWatch`), answering what the
+    watchdog asks of a loop (`is_running`, `call_soon_threadsafe`, `task_of`). One per run (`run_of`),
+    made as the run starts (its asyncgen hooks, seen by `_interception.loops`) or at its first blocking
+    call; it holds its run's `Runner` weakly.
     """
 
     __slots__ = ("__weakref__", "_due", "name", "runner_ref", "running")
