@@ -86,6 +86,7 @@ TIMING_TESTS = frozenset(
         "test_a_stall_inside_a_library_is_reported_at_the_application_line",  # test_app_line.py
         "test_a_spinning_trio_task_is_a_stall_at_its_line_and_work_off_the_loop_is_none",  # test_trio.py
         "test_a_hung_trio_run_is_reported_while_it_hangs",
+        "test_a_blocking_call_that_stalls_a_trio_run_is_one_event",
         "test_a_spinning_test_on_trio_fails_as_a_stall",  # test_pytest_plugin.py
         "test_a_trio_program_with_a_stall",  # test_cli.py
         "test_stalls_follow_the_request_sampling",  # test_asgi.py

@@ -445,3 +445,20 @@ def test_a_hung_trio_run_is_reported_while_it_hangs(detector: Collector) -> None
     assert hangs[0].hung_ms == pytest.approx(500, abs=100)
     [final] = [e for e in events if e.reason != "hang"]
     assert final.reason == "cpu_blocking" and 1500 <= final.elapsed_ms <= 1760, final.elapsed_ms
+
+
+def test_a_blocking_call_that_stalls_a_trio_run_is_one_event(detector: Collector) -> None:
+    # The call's own event and the watchdog's stall of the same step are one report, as on asyncio.
+    aiocop.detect_slow_tasks(threshold_ms=30)
+
+    async def main() -> None:
+        await trio.sleep(0.02)
+        time.sleep(0.3)  # seen by both: intercepted, and holding the run past the threshold
+        await trio.sleep(0.02)
+
+    trio.run(main)
+    [event] = detector.settle(expected=1, grace=0.3)
+    assert event.reason == "io_blocking"
+    assert [c["name"] for c in event.blocking_events] == ["time.sleep"]
+    assert 290 <= event.elapsed_ms <= 345, event.elapsed_ms
+    assert event.cpu_stack_samples, "the watchdog's samples joined the call's event"
