@@ -975,6 +975,10 @@ def main() -> None:
     if args.audit_cost:
         audit_cost()
         return
+    run_scenarios(args)
+
+
+def run_scenarios(args: argparse.Namespace) -> None:
     print(f"instructions per task on {args.loop}, Python {sys.version.split()[0]} ({args.tasks} tasks, valgrind)")
     plain = (*MODES, "watchdog") if args.watchdog else MODES
     columns = (*plain, "floor") if args.floor else plain

@@ -175,9 +175,10 @@ def test_instruction_count_programs_check_their_events(mode: str) -> None:
         assert done.returncode == 0, (program, done.stderr[-2000:])
 
 
-@pytest.mark.parametrize("mode", ["baseline", "inert", "full"])
+@pytest.mark.parametrize("mode", ["baseline", "inert", "full", "watchdog"])
 def test_instruction_count_programs_on_trio_check_their_events(mode: str) -> None:
-    # `--loop trio` (issue 41): the same check, the tasks run by trio.run in nurseries.
+    # `--loop trio` (issue 41): the same check, the tasks run by trio.run in nurseries (`--watchdog`:
+    # with the watchdog watching the run, every event still delivered, none a stall).
     pytest.importorskip("trio")
     for scenario in ("pure", "stat", "stat2"):
         done = subprocess.run(
