@@ -321,7 +321,9 @@ def test_server_command_from_the_docs(command: str) -> None:
 def _check_trace_ids(output: str, key: str) -> None:
     lines = json_lines(output)
     spans = {line["path"]: line["trace_id"] for line in lines if line["event"] == "span"}
-    events = [line for line in lines if line["event"] == "aiocop"]
+    # The events of the blocking calls: a busy machine can add a stall of a step outside both spans
+    # (asyncio.run's own, over the example's 30 ms threshold), which carries no trace (CI, 3.10).
+    events = [line for line in lines if line["event"] == "aiocop" and line["calls"]]
     assert len(spans) == 2, output
     assert len(set(spans.values())) == 2
     assert sorted(e[key] for e in events) == sorted(spans.values()), "each event carries its own request's trace"
