@@ -165,13 +165,13 @@ def _claim(batch: list[StepGroup]) -> list[StepGroup]:
     _acquire(lock)
     try:
         step = watch.step if watch is not None else None
-        # Only a step the watchdog saw stall has anything to hand over
-        # (_take_stall_of's first test, read once for the batch).
-        stalled = step is not None and step.stalled and not step.merged
+        # Only a step the watchdog is looking at has anything to hand over
+        # or to tell (_take_stall_of's first test, read once for the batch).
+        watched = step is not None and not step.merged
         for group in batch:
             if take(group, None) is not None:
-                if stalled:
-                    _take_stall_of(group, watch)  # type: ignore[arg-type]  # stalled: watch is not None
+                if watched:
+                    _take_stall_of(group, watch)  # type: ignore[arg-type]  # watched: watch is not None
                 claimed.append(group)
         if watch is not None and claimed:
             # The watchdog reads the last io event delivered (under this
@@ -205,19 +205,21 @@ def take_stall(group: StepGroup) -> None:
 def _take_stall_of(group: StepGroup, watch: LoopWatch) -> None:
     # Under merge_lock. If the watchdog is watching this very step stall, its
     # samples join this event and it will not report the stall again. If it
-    # is watching another step stall, seen running after this step's first
+    # is watching another step, seen running after this step's first
     # blocking call, this step had ended when that one began (steps of one
-    # thread never overlap): its event does not last into that stall (a
+    # thread never overlap): its event does not last into that step (a
     # task's call followed, in the same loop iteration, by another task's
-    # CPU-bound step).
+    # CPU-bound step, a stall or one the looks have not yet seen run for the
+    # threshold: a step after another is decided on its looks alone, and
+    # an event delivered meanwhile ran on into the stall, 40 to 120 ms).
     step = watch.step
-    if step is not None and step.stalled and not step.merged and group.stall is None:
-        start = step.start()
+    if step is not None and not step.merged and group.stall is None:
         if step.ident is group.ident:
-            step.merged = True
-            group.stall = _timing.stall_of(step, start, group.t_end, watch)
+            if step.stalled:
+                step.merged = True
+                group.stall = _timing.stall_of(step, step.start(), group.t_end, watch)
         elif step.t_last > group.t_first:
-            group.t_end = max(group.t_first, min(group.t_end, start))
+            group.t_end = max(group.t_first, min(group.t_end, step.start()))
     if group.stall is not None:
         group.stall.release()  # the io event knows its task: keep no frame, task or context alive
 

@@ -31,12 +31,16 @@ if TYPE_CHECKING:
 
 # A step whose thread gets at least this share of a CPU is working, not waiting.
 CPU_BOUND_RATE = 0.1
+# A step's end timed by the CPU clock to within this of the next look
+# touches it: its thread ran through the gap (`Step._tail`).
+_CLOCK_SLACK_S = 1e-6
 
 
 class Step:
     """The step a loop was running at the last poll, and what the watchdog saw of it."""
 
     __slots__ = (
+        "after_other",
         "began",
         "cpu_first",
         "cpu_last",
@@ -89,6 +93,11 @@ class Step:
         # t_prev is when the loop woke from waiting for I/O and timers, not a
         # look: what it ran since then (cpu_first - cpu_prev) came before this step.
         self.woke = False
+        # The look before the first sighting (t_prev) saw another step of
+        # the loop's: the CPU its thread used between the two looks is that
+        # step's tail, maybe whole steps no look saw, and this one's head, in
+        # shares the clock cannot tell (`_head`).
+        self.after_other = False
         self.hangs = 0  # hang reports made of it while it ran
         self.hung_s = 0.0  # how long it had run at its latest hang report: its final length is no less
         # How long the process was stopped (SIGSTOP, a frozen container) while
@@ -123,13 +132,12 @@ class Step:
             return self.began
         if self.held:
             return self.held
-        rate = self.cpu_rate()
-        if rate >= CPU_BOUND_RATE and self.cpu_first is not None and self.cpu_prev is not None:
-            # CPU used since the last poll that did not see the step, at the
-            # step's own pace: how long before the first sighting it began
-            # (plus any time the watchdog itself held the GIL meanwhile).
-            ran = (self.cpu_first - self.cpu_prev) / rate + _paused(self.t_prev, self.t_first)
-            return max(self.t_prev, self.t_first - ran)
+        head = self._head()
+        if head is not None:
+            began, told = head
+            # Where the clock does not tell this step's share of the gap,
+            # no earlier than its middle.
+            return began if told else max(began, (self.t_prev + self.t_first) / 2.0)
         if self.woke and self.cpu_first is not None and self.cpu_prev is not None:
             # A wait that began soon after the loop woke (a server's first
             # request after a quiet spell): the loop ran this much since.
@@ -140,24 +148,66 @@ class Step:
         """The earliest moment the step is known, not guessed, to have been running.
 
         The first poll that saw it, or earlier when the thread's CPU clock
-        shows it was already working before that poll. Deciding that a step is
-        a stall rests on this; the midpoint guess of `start()` only times it.
+        shows it was already working before that poll, on this step alone
+        (`_head`). Deciding that a step is a stall rests on this; the guesses
+        of `start()` only time it.
         """
         if self.began or self.held:
             return self.start()
-        if (self.cpu_bound() or self.woke) and self.cpu_first is not None and self.cpu_prev is not None:
+        head = self._head()
+        if head is not None:
+            return head[0] if head[1] else self.t_first
+        if self.woke and self.cpu_first is not None and self.cpu_prev is not None:
             return self.start()
         return self.t_first
 
-    def end(self, now: float, cpu: float | None) -> float:
-        """Best estimate of when the step ended, seen gone at `now`."""
+    def _head(self) -> tuple[float, bool] | None:
+        # A CPU-bound step's start by its thread's CPU clock: the CPU used
+        # since the last look that did not see it, at the step's own pace,
+        # before the first sighting (plus any time the watchdog itself held
+        # the GIL meanwhile); and whether that CPU was this step's alone: not
+        # after another step (`after_other`). Counted as this step's, the
+        # steps before it were: a task making 12 ms steps back to back, at a
+        # 30 ms threshold, was a stall of 36 to 70 ms a dozen times in 160
+        # steps, more on a busy machine, whose looks come further apart.
+        rate = self.cpu_rate()
+        if rate < CPU_BOUND_RATE or self.cpu_first is None or self.cpu_prev is None:
+            return None
+        began = self.t_first - (self.cpu_first - self.cpu_prev) / rate - _paused(self.t_prev, self.t_first)
+        return max(self.t_prev, began), not self.after_other
+
+    def end(self, now: float, cpu: float | None, *, by_other: bool = False) -> float:
+        """Best estimate of when the step ended, seen gone at `now` (`by_other`: in another step)."""
         if self.ended:
             return self.ended
+        middle = (self.t_last + now) / 2.0
+        tail = self._tail(now, cpu)
+        if tail is None:
+            return middle
+        ended, told = tail
+        return ended if told and not by_other else min(ended, middle)
+
+    def known_end(self, now: float, cpu: float | None, *, by_other: bool = False) -> float:
+        """The latest moment the step is known, not guessed, to have been running; seen gone at `now`.
+
+        Found over in another step (`by_other`), the last look that saw it:
+        the gap after it is shared with that step (`after_other`). Found
+        over with the loop idle, its end (`end`).
+        """
+        return self.t_last if by_other and not self.ended else self.end(now, cpu)
+
+    def _tail(self, now: float, cpu: float | None) -> tuple[float, bool] | None:
+        # A CPU-bound step's end by its thread's CPU clock since the last
+        # look that saw it, and whether that CPU was its alone: not where the
+        # thread ran through the whole gap, maybe into the next steps, up to
+        # a look that found the loop between two (not waiting: a C loop
+        # hands the GIL over as it polls between steps). Then the middle of
+        # the gap, as for a step found over in another.
         rate = self.cpu_rate()
-        if rate >= CPU_BOUND_RATE and cpu is not None and self.cpu_last is not None:
-            ran = (cpu - self.cpu_last) / rate + _paused(self.t_last, now)
-            return min(now, max(self.t_last, self.t_last + ran))
-        return (self.t_last + now) / 2.0
+        if rate < CPU_BOUND_RATE or cpu is None or self.cpu_last is None:
+            return None
+        ended = self.t_last + (cpu - self.cpu_last) / rate + _paused(self.t_last, now)
+        return min(now, max(self.t_last, ended)), ended < now - _CLOCK_SLACK_S
 
 
 # A look at least this many GIL switch intervals later than the watchdog asked

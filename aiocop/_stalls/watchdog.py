@@ -744,13 +744,15 @@ class Watchdog:
         # A step first seen at `now`, after the loop was idle (`step` None) or in `step`.
         prev, cpu_prev = _timing.last_other(watch, step, came_back, now)
         woke = _woke_at(watch, ident, prev, now) if step is None else 0.0
-        if step is not None:
-            self._finish(watch, now, cpu)
+        after_other = step is not None
+        if after_other:
+            self._finish(watch, now, cpu, by_other=True)
         _tripwire.step_seen(watch)  # (one it did not trip on: not trusted again)
         watch.beat_posted = 0.0
         if not _stacks.in_tick(root):
             step = watch.step = _timing.Step(ident, root, now, woke or prev, cpu, cpu_prev)
             step.woke = bool(woke)
+            step.after_other = after_other
             return step
         # The probe's tick, holding the loop (_stacks.tick_held), timed from
         # the start it noted. Under merge_lock: the tick, as it ends, reports
@@ -789,7 +791,8 @@ class Watchdog:
         except Exception:
             logger.exception("aiocop: could not report a hung loop (ignored)")
 
-    def _finish(self, watch: LoopWatch, now: float, cpu: float | None = None) -> None:
+    def _finish(self, watch: LoopWatch, now: float, cpu: float | None = None, *, by_other: bool = False) -> None:
+        # `now`: the look that found the step over, in another step if `by_other`.
         step: Step | None = watch.step
         watch.step = None
         if step is None or step.merged:
@@ -801,11 +804,15 @@ class Watchdog:
             # leaves 6 ms to be seen in, less than the GIL can keep this
             # thread waiting); a wait is not, its ends being guesses.
             return
-        end = step.end(now, cpu)
+        end = step.end(now, cpu, by_other=by_other)
         if watch.beat_done and step.t_last <= watch.beat_done <= now:
             end = min(end, watch.beat_done)  # the heartbeat ran as soon as the loop was back
         start = step.start()
-        if (end - start) * 1000.0 < _state.config.threshold_ms:
+        # Decided on what is known of its length, timed by the best estimate:
+        # where a neighbouring step shares a gap between two looks, the gap
+        # counts for neither (Step.after_other).
+        known = min(end, step.known_end(now, cpu, by_other=by_other)) - step.known_since()
+        if known * 1000.0 < _state.config.threshold_ms:
             return
         stall = _timing.stall_of(step, start, end, watch)
         with merge_lock:
