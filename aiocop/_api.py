@@ -33,6 +33,7 @@ from aiocop._model.severity import level_threshold
 from aiocop._model.state import Delivery
 from aiocop._reporting import delivery as _delivery
 from aiocop._reporting import hangs as _hangs
+from aiocop._reporting.sink import SINK
 from aiocop._stalls import settings as _settings
 from aiocop._stalls import watchdog as _watchdog
 
@@ -90,6 +91,7 @@ def start_blocking_io_detection(
     config.max_events_per_step = max_events
     if patch and not _wrappers.get_patched_functions():
         _wrappers.patch_audit_functions()
+    _install_sink()
     _hook.install()
     _state.started = _state.ever_started = True
     _hook.rebuild()
@@ -207,10 +209,21 @@ def start_cpu_sampling(
 _watchdog_switch = _forksafe.lock()
 
 
+def _install_sink() -> None:
+    # The one seam between detection and reporting (`_interception.sink`): what the hook, the loops'
+    # tracking and the watchdog find goes to delivery and hang reports from now on. Installed again by
+    # every start (the same record); left installed by stop(), as steps recorded before it are still
+    # delivered when their loop runs on or stops.
+    _hook.install_sink(SINK)
+    _loops.install_sink(SINK)
+    _watchdog.install_sink(SINK)
+
+
 def _start_watchdog() -> None:
     with _watchdog_switch:
+        _install_sink()
         _loops.install()
-        _hook.register_loop = _loops.ensure_registered
+        _hook.watch_loops(True)
         _watchdog.watchdog.start()
 
 
@@ -293,7 +306,7 @@ def stop_watchdog() -> None:
     """End the stall watchdog and the tracking of loop starts (`_start_watchdog` undone)."""
     with _watchdog_switch:
         _watchdog.watchdog.stop()
-        _hook.register_loop = None
+        _hook.watch_loops(False)
         _loops.uninstall()
     _hangs.reporter.stop(_HANG_REPORTS_AT_STOP_S)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import dataclasses
 import json
 import os
 import statistics
@@ -87,6 +88,7 @@ def _instrument() -> dict[str, list[int]]:
 
     from aiocop._interception import hook as _hook
     from aiocop._reporting import delivery as _delivery
+    from aiocop._reporting.sink import SINK
 
     totals: dict[str, list[int]] = {}
     clock = time.perf_counter_ns
@@ -107,7 +109,8 @@ def _instrument() -> dict[str, list[int]]:
     for module_name, attribute in INSTRUMENTED:
         module = importlib.import_module(f"aiocop.{module_name}")
         setattr(module, attribute, timed(f"{module_name}.{attribute}", getattr(module, attribute)))
-    _hook.flush_callback = timed("_delivery.flush", _delivery.flush)
+    # The hook's sink, its delivery timed (the hook binds the sink's callables as the sink is installed).
+    _hook.install_sink(dataclasses.replace(SINK, deliver=timed("_delivery.flush", _delivery.flush)))
     return totals
 
 

@@ -57,6 +57,7 @@ LAYERS: list[dict[str, list[str]]] = [
             "aiocop._interception.frames",
             "aiocop._interception.loops",
             "aiocop._interception.trio_runs",
+            "aiocop._interception.sink",
         ]
     },
     {
@@ -72,6 +73,7 @@ LAYERS: list[dict[str, list[str]]] = [
             "aiocop._stalls.sched",
             "aiocop._stalls.probe",
             "aiocop._stalls.culprit",
+            "aiocop._stalls.sink",
         ]
     },
     {
@@ -88,6 +90,7 @@ LAYERS: list[dict[str, list[str]]] = [
             "aiocop._reporting.exports",
             "aiocop._reporting.html_report",
             "aiocop._reporting.report_files",
+            "aiocop._reporting.sink",
         ]
     },
     {"aiocop._configuration": ["aiocop._configuration.config", "aiocop._configuration.baseline"]},

@@ -106,7 +106,7 @@ def test_a_stall_and_another_steps_call_in_its_span(t_first: float, group_end: f
     group = _group(t_first)
     _hook.unclaimed[group] = group
     try:
-        assert not _delivery._attach_to_io(stall.watch, stall)
+        assert not _delivery.attach_to_io(stall.watch, stall)
     finally:
         _hook.unclaimed.pop(group, None)
     assert (group.t_end, stall.end) == (group_end, stall_end)

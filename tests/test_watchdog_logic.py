@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import inspect
 import logging
 import sys
@@ -30,6 +31,7 @@ from aiocop._interception import loops as _loops
 from aiocop._model import callbacks as _callbacks
 from aiocop._model import state as _state
 from aiocop._reporting import hangs as _hangs
+from aiocop._reporting.sink import SINK
 from aiocop._stalls import stacks as _stacks
 from aiocop._stalls import timing as _timing
 from aiocop._stalls import tripwire as _tripwire
@@ -64,6 +66,11 @@ class Recorded:
         self.hangs.append((step.hangs, now - step.t_first, step.hung_s))
 
 
+def use_sink(monkeypatch: pytest.MonkeyPatch, **fields: Any) -> None:
+    """The watchdog's sink for one test: the one it has (the process's, if none), with `fields` replaced."""
+    monkeypatch.setattr(_watchdog, "_sink", dataclasses.replace(_watchdog._sink or SINK, **fields))
+
+
 @pytest.fixture
 def rec(monkeypatch: pytest.MonkeyPatch) -> Recorded:
     """Settings as the defaults have them (30 ms threshold, arm after 15 ms, hang after 1 s), reports recorded."""
@@ -79,9 +86,8 @@ def rec(monkeypatch: pytest.MonkeyPatch) -> Recorded:
     # and loop.time() on the watchdog's clock (both process-wide otherwise).
     monkeypatch.setattr(_timing, "_pauses", deque(maxlen=32))
     monkeypatch.setattr(_timing, "_MONOTONIC_TO_PERF", 0.0)
-    monkeypatch.setattr(_watchdog, "report_stall", recorded.stalls.append)
-    monkeypatch.setattr(_watchdog, "attach_to_io", None)
-    monkeypatch.setattr(_watchdog, "report_hang", recorded.hang)
+    # The watchdog's sink: stalls and hangs recorded, no io event to take a stall.
+    use_sink(monkeypatch, stall=recorded.stalls.append, attach_to_io=lambda watch, stall: False, hang=recorded.hang)
     monkeypatch.setattr(_watchdog, "_queued", lambda watch: recorded.queued)
     return recorded
 
@@ -737,7 +743,7 @@ def test_step_stopped_with_its_loop_reported_once(rec: Recorded, frames: Frames)
 def test_stall_goes_to_its_io_event_once(rec: Recorded, frames: Frames, monkeypatch: pytest.MonkeyPatch) -> None:
     """One report per stall: a stall its step's io event takes (pending, or delivered already) is not reported alone."""
     taken: list[Stall] = []
-    monkeypatch.setattr(_watchdog, "attach_to_io", lambda watch, stall: taken.append(stall) or True)
+    use_sink(monkeypatch, attach_to_io=lambda watch, stall: taken.append(stall) or True)
     looks = Looks()
     hang_script(looks, frames, [0.25])
     looks.at(100.5, 1.0, frames.idle)
@@ -805,7 +811,7 @@ def test_hang_report_content(rec: Recorded, frames: Frames, monkeypatch: pytest.
     """hangs.report: what a report holds, taken at the look (handed to the reporter thread, stubbed here)."""
     submitted: list[_hangs.Hang] = []
     monkeypatch.setattr(_hangs, "reporter", SimpleNamespace(submit=submitted.append))
-    monkeypatch.setattr(_watchdog, "report_hang", _hangs.report)
+    use_sink(monkeypatch, hang=_hangs.report)
     looks = Looks()
     hang_script(looks, frames, [0.5, 1.0])
     [hang] = submitted

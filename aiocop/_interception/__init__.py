@@ -12,6 +12,9 @@
 - `trio_runs`: trio's run loop (not asyncio): which trio task runs a step on this thread, and the
   instrument that delivers the step's calls when it ends.
 
+- `sink`: the seam: the record of callables through which the hook and the loops' tracking hand on what
+  they find (a batch of steps to deliver, a loop that stopped, ...), installed from above by `_api`.
+
 The wrappers reach the hook through the hook function `wrappers` keeps, handed over by `hook.install()`.
 
 May import: aiocop._common, aiocop._model.

@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import CodeType, FrameType
 
+    from aiocop._interception.sink import Sink
+
 logger = logging.getLogger("aiocop")
 
 # How far up a stack the walk goes when it finds no edge of the step.
@@ -262,13 +264,13 @@ def task_name(task: Task[Any] | TrioTask) -> str:
 
 
 def _raise_violation(group: StepGroup, record: Record | None) -> None:
-    if group.score < _state.config.raise_min_score or make_violation is None:
+    if group.score < _state.config.raise_min_score or _make_violation is None:
         return
     if record is not None and group.raised is None:
         group.raised = record
     # Raised from the hook, the exception aborts the call before it runs
     # and surfaces at the offending line, inside the offending task.
-    raise make_violation(group)
+    raise _make_violation(group)
 
 
 class _ThreadState:
@@ -370,16 +372,34 @@ class StepGroup:
 # group (the loop's delivery callback, or the off-loop fallback when a loop
 # stopped first) delivers it; dict.pop is atomic, so it happens once.
 unclaimed: dict[StepGroup, StepGroup] = {}
-# Set by _delivery: (batch of groups) -> None, run on the loop thread after the steps.
-flush_callback: Callable[[list[StepGroup]], None] | None = None
-# Set by _delivery: delivers groups whose loop stopped before their delivery
-# callback ran (`at_boundary`: called as a loop starts or stops on this thread).
-orphan_handler: Callable[[list[StepGroup], bool], None] | None = None
-# Set by _delivery: builds the exception raised by raise_on_violations.
-make_violation: Callable[[StepGroup], BaseException] | None = None
+# The installed sink's callables (install_sink), bound to names of this module so that the hot path
+# reads one global each, as it would a function of its own. None until detection starts: nothing is
+# delivered. _flush: (batch of groups) -> None, run on the loop thread after the steps; _orphans: groups
+# whose loop stopped before their delivery callback ran (`at_boundary`: called as a loop starts or stops
+# on this thread); _make_violation: the exception raised by raise_on_violations.
+_flush: Callable[[list[StepGroup]], None] | None = None
+_orphans: Callable[[list[StepGroup], bool], None] | None = None
+_make_violation: Callable[[StepGroup], BaseException] | None = None
 
-# Set by _api while the watchdog runs: registers the running loop of this thread.
-register_loop: Callable[[AbstractEventLoop | TrioRun, FrameType | None], None] | None = None
+# While the watchdog runs (watch_loops): registers the running loop of this thread.
+_register_loop: Callable[[AbstractEventLoop | TrioRun, FrameType | None], None] | None = None
+
+
+def install_sink(sink: Sink) -> None:
+    """Hand the steps with blocking calls to `sink` from now on (`_api`, as detection starts)."""
+    global _flush, _orphans, _make_violation
+    _flush, _orphans, _make_violation = sink.deliver, sink.deliver_orphans, sink.violation
+
+
+def watch_loops(on: bool) -> None:
+    """Whether a step's first blocking call registers its loop if the watchdog does not know it yet.
+
+    `_api` turns it on as the stall watchdog starts and off as it stops: without the watchdog, no loop
+    needs registering.
+    """
+    global _register_loop
+    _register_loop = _loops.ensure_registered if on else None
+
 
 _internal_errors = 0
 
@@ -621,14 +641,14 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
             pending.append(group)  # the delivery callback of this iteration is scheduled already
         else:
             _schedule(group, loop, state)
-        if register_loop is not None:
+        if _register_loop is not None:
             # A loop the watchdog may not know (one that sets no asyncgen hooks,
             # or bound them before aiocop wrapped them; a trio run already going
             # when detection started), with its edge. Known nearly always: that
             # check is made here (a call costs more).
             watch = _loops.watches.get(state.thread_id)
             if watch is None or watch.loop_ref() is not loop:
-                register_loop(loop, None if trio_task is not None else state.base_frame)
+                _register_loop(loop, None if trio_task is not None else state.base_frame)
     record: Record = _DROPPED
     if len(group.records) < _state.config.max_events_per_step:
         for arg in args:
@@ -713,14 +733,14 @@ def _schedule(group: StepGroup, loop: AbstractEventLoop | TrioRun, state: _Threa
     # callback ran (loops that raise no start/stop event never reset it).
     if pending is not None:
         stale = [g for g in pending if g in unclaimed]
-        if stale and orphan_handler is not None:
-            orphan_handler(stale, False)  # delivered off the loop, now rather than at exit
+        if stale and _orphans is not None:
+            _orphans(stale, False)  # delivered off the loop, now rather than at exit
     state.pending = pending = [group]
     state.pending_loop = loop
-    if flush_callback is None:
+    if _flush is None:
         return
     try:
-        loop.call_soon(flush_callback, pending, context=_EMPTY_CONTEXT.copy())
+        loop.call_soon(_flush, pending, context=_EMPTY_CONTEXT.copy())
     except Exception:
         # The loop refused (closing?): the off-loop fallback delivers these
         # when the loop stops or the process exits.
@@ -768,10 +788,10 @@ def _on_loop_boundary() -> None:
     # first) to the off-loop worker.
     ident = threading.get_ident()
     orphans = [g for g in list(unclaimed) if g.thread_id == ident]
-    if orphans and orphan_handler is not None and not state.busy:
+    if orphans and _orphans is not None and not state.busy:
         state.busy = True
         try:
-            orphan_handler(orphans, True)
+            _orphans(orphans, True)
         except Exception:
             internal_error()
         finally:

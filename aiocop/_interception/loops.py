@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import FrameType
 
+    from aiocop._interception.sink import Sink
     from aiocop._interception.trio_runs import TrioRun
 
 logger = logging.getLogger("aiocop")
@@ -173,11 +174,20 @@ def _cpu_clock(thread_id: int) -> int | None:
 # a dict being resized.
 watches: dict[int, LoopWatch] = {}
 _watch_lock = _forksafe.lock()
-# Called with the new watch when a loop starts (the watchdog wakes up).
-on_change: Callable[[], None] | None = None
-# Called by a loop's thread as the loop stops, after its last step, with the
-# loop's watch, the time and the thread's CPU time (set by _delivery).
-on_stop: Callable[[LoopWatch, float, float | None], None] | None = None
+# The installed sink's callables (install_sink). _on_change: called when a loop
+# is registered (the watchdog wakes up). _on_stop: called by a loop's thread
+# as the loop stops, after its last step, with the loop's watch, the time and
+# the thread's CPU time.
+_on_change: Callable[[], None] | None = None
+_on_stop: Callable[[LoopWatch, float, float | None], None] | None = None
+
+
+def install_sink(sink: Sink) -> None:
+    """Tell `sink` of every loop registered and every loop that stops, from now on (`_api`, as detection starts)."""
+    global _on_change, _on_stop
+    _on_change, _on_stop = sink.loop_started, sink.loop_stopped
+
+
 # Loops that stopped since the watchdog last looked, with when they stopped and
 # their thread's CPU time then. The watchdog finishes the step each one was
 # in: without this a stall in a loop's very last step (a test body that never
@@ -246,8 +256,8 @@ def register(
         watch.idle_cpu = watch.cpu_time()
     with _watch_lock:
         watches = {**watches, watch.thread_id: watch}
-    if on_change is not None:
-        on_change()
+    if _on_change is not None:
+        _on_change()
     if listeners:
         _tell("loop_started", watch.loop)
     return watch
@@ -271,8 +281,8 @@ def unregister(thread_id: int, *, stopping: bool = False) -> None:
     if stopping:
         stopped, cpu = perf_counter(), watch.cpu_time()
         retired.append((watch, stopped, cpu))  # in case the watchdog's look, already under way, sees it after
-        if on_stop is not None:
-            on_stop(watch, stopped, cpu)
+        if _on_stop is not None:
+            _on_stop(watch, stopped, cpu)
         if listeners:
             _tell("loop_stopped", watch.loop)
 

@@ -224,7 +224,11 @@ def _take_stall_of(group: StepGroup, watch: LoopWatch) -> None:
         group.stall.release()  # the io event knows its task: keep no frame, task or context alive
 
 
-def _attach_to_io(watch: LoopWatch, stall: Stall) -> bool:
+def attach_to_io(watch: LoopWatch, stall: Stall) -> bool:
+    """Give `stall` to an io event of its step still waiting for delivery; true if one took it (the sink's).
+
+    The watchdog calls it through the sink (`_reporting.sink`), under merge_lock, as a stall ends.
+    """
     # Called by the watchdog (under merge_lock) when a stall ends: an io event
     # of the same step still waiting for delivery takes the stall over. An
     # undelivered io event of another step of that thread whose first call
@@ -253,7 +257,8 @@ def _attach_to_io(watch: LoopWatch, stall: Stall) -> bool:
     return taken
 
 
-def _report_stall(stall: Stall) -> None:
+def report_stall(stall: Stall) -> None:
+    """Report a stall no io event took, as its own event (the sink's: the watchdog calls it)."""
     if not _state.active:
         stall.release()
         return  # deactivate() pauses stall reports too, as it pauses everything else
@@ -279,7 +284,7 @@ def _report_stall(stall: Stall) -> None:
     if _state.config.delivery == "loop" and loop is not None and loop.is_running() and not is_run(loop):
         _hand_to_loop(loop, deliver, context)
     elif _state.config.delivery == "loop" and threading.get_ident() == stall.watch.thread_id:
-        context.run(deliver)  # the loop's own thread, as the loop stops (_loop_stopping)
+        context.run(deliver)  # the loop's own thread, as the loop stops (loop_stopping)
     else:
         _worker.submit_call(lambda: context.run(deliver))
 
@@ -321,7 +326,7 @@ def deliver_stranded(stopping: AbstractEventLoop | None = None) -> None:
                 _worker.submit_call(run)
 
 
-def _loop_stopping(watch: LoopWatch, stopped: float, cpu: float | None) -> None:
+def loop_stopping(watch: LoopWatch, stopped: float, cpu: float | None) -> None:
     """Called by a loop's own thread as the loop stops, after its last step.
 
     That step is over: the watchdog's view of it is finished here (a stall
@@ -346,7 +351,7 @@ def _loop_stopping(watch: LoopWatch, stopped: float, cpu: float | None) -> None:
 
 def _claim_all(groups: list[StepGroup]) -> list[StepGroup]:
     # Under merge_lock, as every claim: the watchdog hands a stall to an
-    # unclaimed group (_attach_to_io) only while no delivery is taking it.
+    # unclaimed group (attach_to_io) only while no delivery is taking it.
     lock = _watchdog.merge_lock
     _acquire(lock)
     try:
@@ -355,7 +360,8 @@ def _claim_all(groups: list[StepGroup]) -> list[StepGroup]:
         _release(lock)
 
 
-def _orphans(groups: list[StepGroup], at_boundary: bool) -> None:
+def deliver_orphans(groups: list[StepGroup], at_boundary: bool) -> None:
+    """Deliver steps whose loop stopped before their delivery callback ran (the sink's: the hook calls it)."""
     # Steps whose loop stopped before their delivery callback ran. At a loop
     # boundary (on that thread, as its loop stops or the next one starts, no
     # loop running) they are delivered before the loop's run returns, like
@@ -392,12 +398,6 @@ def shut_down_worker() -> None:
     _worker.shutdown()
 
 
-_hook.flush_callback = flush
-_watchdog.report_stall = _report_stall
-_watchdog.attach_to_io = _attach_to_io
-_hook.orphan_handler = _orphans
-_hook.make_violation = _building.make_violation
-_loops.on_stop = _loop_stopping
 atexit.register(drain)
 
 

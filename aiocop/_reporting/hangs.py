@@ -2,8 +2,9 @@
 
 A step that never ends (a deadlock on a lock, a `recv()` from a silent
 peer, an endless loop) never gets its usual event. The watchdog sees it go
-on (`_watchdog.Watchdog._hang`) and hands it here, on its own thread, at
-`hang_after_ms` and again at doubling intervals: the loop thread's stack at
+on (`_stalls.watchdog.Watchdog._hang`) and hands it here through the sink
+(`_reporting.sink`), on its own thread, at `hang_after_ms` and again at
+doubling intervals: the loop thread's stack at
 that moment, the task, and what the loop waits for is taken there and then
 (the frames are live); the event is built and given to the callbacks on a
 separate reporter thread, so that a callback that is slow, blocks or raises
@@ -36,7 +37,6 @@ from aiocop._reporting import building as _building
 from aiocop._stalls import attribution as _attribution
 from aiocop._stalls import culprit as _culprit
 from aiocop._stalls import settings as _settings
-from aiocop._stalls import watchdog as _watchdog
 
 if TYPE_CHECKING:
     from types import CodeType, FrameType
@@ -419,4 +419,3 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-_watchdog.report_hang = report

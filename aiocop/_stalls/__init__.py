@@ -9,6 +9,7 @@
 - `tripwire`: wakes the watchdog as an idle loop wakes (its selector's select on 3.12+, a profile function before).
 - `probe`: how late each loop runs its timers (the delay histogram).
 - `culprit`: naming what a stalled loop was doing, from a sample.
+- `sink`: the watchdog's part of the seam (`_interception.sink`): where stalls and hangs go.
 
 May import: aiocop._common, aiocop._model, aiocop._interception.
 """

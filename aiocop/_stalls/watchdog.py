@@ -38,7 +38,7 @@ import sys
 import threading
 from _thread import LockType, allocate_lock
 from types import CodeType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiocop._common import forksafe as _forksafe
 from aiocop._common.clock import perf_counter, process_time, thread_time
@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 
     from aiocop._interception.loops import LoopWatch
     from aiocop._stalls.attribution import Stall
+    from aiocop._stalls.sink import StallSink
     from aiocop._stalls.timing import Step
 
 logger = logging.getLogger("aiocop")
@@ -101,13 +102,16 @@ _acquire = LockType.acquire
 
 # Lock for handing a stall to an io event or reporting it alone (exactly once).
 merge_lock = _forksafe.lock()
-# Set by _delivery: (stall) -> None, reports a stall nobody else took.
-report_stall: Any = None
-# Set by _delivery: (watch, stall) -> bool, gives the stall to a pending io event of that loop.
-attach_to_io: Any = None
-# Set by _hangs: (watch, step, innermost frame, now) -> None, reports a step
-# still running past hang_after_ms, while it runs (on this thread: quick).
-report_hang: Any = None
+# Where stalls and hangs go (install_sink): None until detection starts, and nothing is reported.
+_sink: StallSink | None = None
+
+
+def install_sink(sink: StallSink) -> None:
+    """Hand stalls and hangs to `sink` from now on (`_api`, as detection starts)."""
+    global _sink
+    _sink = sink
+
+
 # The longest time between two hang reports of one step.
 _HANG_REPEAT_MAX_S = 300.0
 
@@ -781,13 +785,14 @@ class Watchdog:
         # time, up to _HANG_REPEAT_MAX_S apart.
         step.hangs += 1
         step.hang_next = max(age, step.hang_next) + min(after * 2 ** (step.hangs - 1), _HANG_REPEAT_MAX_S)
-        if report_hang is None:
+        sink = _sink
+        if sink is None:
             return
         if step.task is None:
             step.task = _attribution.StalledTask.of(watch.loop, step.root)
         step.hung_s = max(step.hung_s, now - step.start() - step.paused_s)
         try:
-            report_hang(watch, step, innermost, now)
+            sink.hang(watch, step, innermost, now)
         except Exception:
             logger.exception("aiocop: could not report a hung loop (ignored)")
 
@@ -833,18 +838,18 @@ class Watchdog:
     def _report(self, stall: Stall) -> None:
         # (Also on a loop's thread, from a tick of the probe: the lock's C
         # methods, which no wrapper of aiocop's passes through.)
-        watch = stall.watch
+        watch, sink = stall.watch, _sink
         _forksafe.acquire(merge_lock)
         try:
             io_start, io_end = watch.last_io
             if watch.last_io_ident == hash(stall.ident) and io_start <= stall.end and io_end >= stall.middle():
                 return  # its io event was delivered already (this look began before): one report per stall
-            if attach_to_io is not None and attach_to_io(watch, stall):
+            if sink is not None and sink.attach_to_io(watch, stall):
                 return
         finally:
             _forksafe.release(merge_lock)
-        if report_stall is not None:
-            report_stall(stall)
+        if sink is not None:
+            sink.stall(stall)
 
 
 def _on_gc(phase: str, info: dict[str, int]) -> None:
@@ -1019,5 +1024,4 @@ if hasattr(os, "register_at_fork"):
         after_in_parent=watchdog._after_fork_in_parent,
         after_in_child=_after_fork_in_child,
     )
-_loops.on_change = watchdog.loop_started
 _probe.tick_ending = _tick_ending
