@@ -39,10 +39,10 @@ from typing import Any
 VARIANTS = ("baseline", "inert", "capture", "full")
 # (module, attribute): the internals timed in the instrumented run, outermost first.
 INSTRUMENTED = (
-    ("_hook", "_capture"),
-    ("_delivery", "_claim"),
-    ("_delivery", "_deliver"),
-    ("_callbacks", "invoke_callbacks"),
+    ("_interception.hook", "_capture"),
+    ("_reporting.delivery", "_claim"),
+    ("_reporting.delivery", "_deliver"),
+    ("_model.callbacks", "invoke_callbacks"),
 )
 BATCH = 1000
 
