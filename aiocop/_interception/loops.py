@@ -211,6 +211,18 @@ class LoopListener(Protocol):
 listeners: tuple[LoopListener, ...] = ()
 
 
+def add_listener(listener: LoopListener) -> None:
+    """Tell `listener` of loops starting and stopping from now on (the loop-delay probe, as it starts)."""
+    global listeners
+    listeners = (*listeners, listener)
+
+
+def remove_listener(listener: LoopListener) -> None:
+    """Tell `listener` of loops no more (the loop-delay probe, as it stops)."""
+    global listeners
+    listeners = tuple(known for known in listeners if known is not listener)
+
+
 def _tell(method: str, loop: AbstractEventLoop | None) -> None:
     if _trio_runs.is_run(loop):
         return  # (the loop-delay probe times asyncio's loops: a trio run takes no call_later)

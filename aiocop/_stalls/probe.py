@@ -118,7 +118,7 @@ class DelayProbe:
             self._running = True
         finally:
             _release(self._lock)
-        _loops.listeners = (*_loops.listeners, self)
+        _loops.add_listener(self)
         for watch in list(_loops.watches.values()):
             loop = watch.loop
             if loop is not None and loop.is_running():
@@ -126,7 +126,7 @@ class DelayProbe:
 
     def stop(self) -> None:
         """Stop probing: each loop's pending timer, when it runs, schedules no other."""
-        _loops.listeners = tuple(listener for listener in _loops.listeners if listener is not self)
+        _loops.remove_listener(self)
         _acquire(self._lock)
         try:
             self._running = False
