@@ -491,3 +491,20 @@ def test_the_architecture_page_shows_the_imports_of_the_code() -> None:
     assert start in page and end in page, f"{ARCHITECTURE_PAGE} has lost its table markers"
     shown = page.split(start, 1)[1].split(end, 1)[0]
     assert shown == render_parts(), "the table differs from the code; the table as measured now:\n" + render_parts()
+
+
+def _sink_fields() -> list[str]:
+    """The fields of the seam's records (`Sink`, and the watchdog's `StallSink`), read from their source."""
+    fields = []
+    for path, name in (("_interception/sink.py", "Sink"), ("_stalls/sink.py", "StallSink")):
+        tree = ast.parse((PACKAGE / path).read_text(encoding="utf-8"))
+        [record] = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name]
+        fields += [n.target.id for n in record.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    return fields
+
+
+def test_the_architecture_page_shows_every_field_of_the_sink() -> None:
+    # The page's table of the seam has one row per field of the sink, in the records' order.
+    page = ARCHITECTURE_PAGE.read_text(encoding="utf-8")
+    shown = re.findall(r"^\| `(\w+)` \| the (?:hook|loops'|watchdog)", page, re.MULTILINE)
+    assert shown == _sink_fields(), f"the page's sink table shows {shown}; the sink's fields are {_sink_fields()}"
