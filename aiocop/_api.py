@@ -331,9 +331,9 @@ atexit.register(_at_exit)
 def unregister_at_exit() -> None:
     """Take back the exit handler this module registered at import.
 
-    For the attach agent (`_commands.attach_agent`), leaving a target whose aiocop it loaded itself: the
+    For the attach agent (`_commands.attach.agent`), leaving a target whose aiocop it loaded itself: the
     modules go, and no handler of theirs may run at the target's exit. (`_at_exit` keeps its name: the
-    attach bootstrap, `_commands/attach.py`, unregisters it by that name from an aiocop that failed to load,
+    attach bootstrap, `_commands/attach/command.py`, unregisters it by that name from an aiocop that failed to load,
     which may be the target's own, older one.)
     """
     atexit.unregister(_at_exit)

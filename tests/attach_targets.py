@@ -88,17 +88,21 @@ def hostile(mode: str) -> None:
     """A target whose `aiocop` is a fake that answers an attach as `mode` says (tests/test_attach.py)."""
     package = types.ModuleType("aiocop")
     package.__path__ = []
-    agent = types.ModuleType("aiocop._commands.attach_agent")
+    agent = types.ModuleType("aiocop._commands.attach.agent")
     if mode != "old-agent":  # an aiocop whose agent does not speak this protocol
         agent.run = lambda settings: answer(settings, mode)  # type: ignore[attr-defined]
     sys.modules["aiocop"] = package
     if mode != "unrelated-aiocop":  # another package named aiocop, without an agent
         commands = types.ModuleType("aiocop._commands")
         commands.__path__ = []
-        commands.attach_agent = agent  # type: ignore[attr-defined]
+        attach = types.ModuleType("aiocop._commands.attach")
+        attach.__path__ = []
+        attach.agent = agent  # type: ignore[attr-defined]
+        commands.attach = attach  # type: ignore[attr-defined]
         package._commands = commands  # type: ignore[attr-defined]
         sys.modules["aiocop._commands"] = commands
-        sys.modules["aiocop._commands.attach_agent"] = agent
+        sys.modules["aiocop._commands.attach"] = attach
+        sys.modules["aiocop._commands.attach.agent"] = agent
 
 
 def answer(settings: dict[str, Any], mode: str) -> None:

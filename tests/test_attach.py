@@ -527,7 +527,7 @@ def run_inside(pid: int, statements: str) -> None:
         ),
         (
             "old-agent",
-            "the attach agent failed: AttributeError: module 'aiocop._commands.attach_agent' has no attribute 'run'",
+            "the attach agent failed: AttributeError: module 'aiocop._commands.attach.agent' has no attribute 'run'",
         ),
     ],
 )
@@ -691,8 +691,8 @@ def test_the_target_runs_the_code_sent_not_a_path(targets: Any) -> None:
 @needs_remote
 def test_a_script_delivered_to_a_reused_pid_does_nothing(targets: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 23, 9: the bootstrap checks its process's start time itself; in another process it runs nothing."""
-    from aiocop._commands import attach as _attach
-    from aiocop._commands import attach_files as _attach_files
+    from aiocop._commands.attach import command as _attach
+    from aiocop._commands.attach import files as _attach_files
 
     target = targets("serve")
     before = inside(target.pid, STATE)
@@ -721,8 +721,8 @@ def test_a_script_delivered_to_a_reused_pid_does_nothing(targets: Any, monkeypat
 @needs_remote
 def test_a_reused_pid_is_refused_before_anything_is_sent(targets: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 23, 9: the PID was given to another process between the pin and sys.remote_exec: refused."""
-    from aiocop._commands import attach as _attach
-    from aiocop._commands import attach_files as _attach_files
+    from aiocop._commands.attach import command as _attach
+    from aiocop._commands.attach import files as _attach_files
 
     target = targets("serve")
     real = _attach_files.start_ticks

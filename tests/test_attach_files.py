@@ -1,6 +1,6 @@
 """The attaching side's hold on its target, on any Python: pin, exchange folder, code sent.
 
-The code: aiocop/_commands/attach_files.py.
+The code: aiocop/_commands/attach/files.py.
 
 Root is needed to give files to another user (CI runs as root); the
 end-to-end cases are in tests/test_attach.py (CPython 3.14+).
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from aiocop._commands import attach as _attach
-from aiocop._commands import attach_files as _attach_files
-from aiocop._commands.attach_files import AttachError, Exchange, Pin, agent_sources, check_path, temporary_folder
+from aiocop._commands.attach import command as _attach
+from aiocop._commands.attach import files as _attach_files
+from aiocop._commands.attach.files import AttachError, Exchange, Pin, agent_sources, check_path, temporary_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 NOBODY = 65534
@@ -194,7 +194,7 @@ def test_a_temporary_directory_others_can_write_in_is_refused(tmp_path: Path, mo
 
 def test_the_code_sent_is_every_module_of_the_package() -> None:
     sources = agent_sources(ROOT / "aiocop", frozenset({0, os.geteuid()}))
-    assert sources["aiocop"][2] is True and sources["aiocop._commands.attach_agent"][2] is False
+    assert sources["aiocop"][2] is True and sources["aiocop._commands.attach.agent"][2] is False
     assert sources["aiocop.core"][2] is True and "aiocop.core.state" in sources
     assert "aiocop._docs" not in sources and "aiocop._commands.cli" not in sources
     assert sources["aiocop._api"][1] == (ROOT / "aiocop" / "_api.py").read_text()

@@ -1,4 +1,4 @@
-"""What the OS says a thread of another process waits on (aiocop/_commands/attach_proc.py), read defensively.
+"""What the OS says a thread of another process waits on (aiocop/_commands/attach/proc.py), read defensively.
 
 `attach` says it when the target's main thread is blocked in C and runs none
 of aiocop's code; the end-to-end case is in tests/test_attach.py (3.14+).
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from aiocop._commands import attach_proc as _attach_proc
-from aiocop._commands.attach_proc import ThreadWait, python_stack, syscall_name, thread_wait
+from aiocop._commands.attach import proc as _attach_proc
+from aiocop._commands.attach.proc import ThreadWait, python_stack, syscall_name, thread_wait
 
 linux = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads Linux's /proc")
 

@@ -1,4 +1,4 @@
-"""What an attached process writes back is checked before use (aiocop/_commands/attach_report.py), on any Python.
+"""What an attached process writes back is checked before use (aiocop/_commands/attach/report.py), on any Python.
 
 The end-to-end cases, with a hostile target, are in tests/test_attach.py (CPython 3.14+).
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from aiocop._commands.attach_report import (
+from aiocop._commands.attach.report import (
     MAX_REPORT_BYTES,
     BadReportError,
     parse,
@@ -252,7 +252,7 @@ TIMELINE = {"steps": [STEP], "steps_dropped": 0, "duration_ms": 1000.0}
 
 
 def test_hangs_and_steps_are_kept_and_a_hang_renders_as_run_prints_it() -> None:
-    from aiocop._commands.attach_report import render_hangs
+    from aiocop._commands.attach.report import render_hangs
 
     result = checked({**REPORT, "hangs": [HANG], "timeline": TIMELINE})
     assert result["hangs"] == [HANG]
@@ -312,7 +312,7 @@ def test_a_bad_hang_or_step_is_named(path: tuple[Any, ...], value: Any, said: st
 
 
 def test_every_string_of_a_hang_and_a_step_is_made_printable() -> None:
-    from aiocop._commands.attach_report import render_hangs
+    from aiocop._commands.attach.report import render_hangs
 
     hang = copy.deepcopy(HANG)
     hang["culprit"] = f"running{ESCAPES}\nforged line"
@@ -327,7 +327,7 @@ def test_every_string_of_a_hang_and_a_step_is_made_printable() -> None:
 
 
 def test_a_target_sending_many_hangs_does_not_fill_the_terminal() -> None:
-    from aiocop._commands.attach_report import render_hangs
+    from aiocop._commands.attach.report import render_hangs
 
     text = render_hangs(checked({**REPORT, "hangs": [HANG] * 1000})["hangs"])
     assert text.count("[STILL HUNG]") == 20
@@ -337,7 +337,7 @@ def test_a_target_sending_many_hangs_does_not_fill_the_terminal() -> None:
 def test_one_hang_with_a_huge_stack_prints_a_bounded_text() -> None:
     # A target may send hangs of hundreds of frames whose every string is a kilobyte (all within the report's
     # limits): printed whole, 20 such hangs were 12 MB on the terminal. The --json output keeps it all.
-    from aiocop._commands.attach_report import MAX_HANG_FRAMES_SHOWN, MAX_SHOWN_CHARS, render_hangs
+    from aiocop._commands.attach.report import MAX_HANG_FRAMES_SHOWN, MAX_SHOWN_CHARS, render_hangs
 
     long = "x" * 1_000
     hang = {

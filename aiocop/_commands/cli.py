@@ -359,7 +359,7 @@ def session(argv: Sequence[str] | None = None) -> Generator[Program, int, int]:
             if path is not None and (planted := _report_files.planted_problem(flag, path)) is not None:
                 _usage_error(attach_parser(), planted)
         # Imported for this command only: `run` never loads attach, nor reads its environment.
-        from aiocop._commands import attach as _attach  # noqa: PLC0415
+        from aiocop._commands.attach import command as _attach  # noqa: PLC0415
 
         try:  # checked before anything else, on any Python: a usage error, said as attach says its errors
             _attach.start_timeout_s()

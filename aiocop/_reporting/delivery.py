@@ -392,7 +392,7 @@ def drain() -> None:
 def shut_down_worker() -> None:
     """End the delivery thread once what is queued has been handled.
 
-    For the attach agent (`_commands.attach_agent`), leaving a target whose aiocop it loaded itself: the
+    For the attach agent (`_commands.attach.agent`), leaving a target whose aiocop it loaded itself: the
     modules go, and must leave no thread of theirs behind.
     """
     _worker.shutdown()

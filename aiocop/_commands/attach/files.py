@@ -191,10 +191,10 @@ def agent_sources(package: Path, owners: frozenset[int]) -> dict[str, list[objec
     )
     check_path(package, owners, what)
     sources: dict[str, list[object]] = {}
-    for folder in [package, *sorted(p for p in package.iterdir() if p.is_dir() and (p / "__init__.py").exists())]:
+    for folder in [package, *_subpackages(package)]:
         if folder != package:
             check_path(folder, owners, what)
-        prefix = "aiocop" if folder == package else f"aiocop.{folder.name}"
+        prefix = ".".join(("aiocop", *folder.relative_to(package).parts))
         for file in sorted(folder.glob("*.py")):
             if file.relative_to(package).as_posix() in _NOT_SENT:
                 continue
@@ -203,6 +203,15 @@ def agent_sources(package: Path, owners: frozenset[int]) -> dict[str, list[objec
             name = prefix if package_init else f"{prefix}.{file.stem}"
             sources[name] = [str(file), source, package_init]
     return sources
+
+
+def _subpackages(folder: Path) -> list[Path]:
+    # Every folder with an __init__.py below `folder`, at any depth (`_commands/attach/`), parents first;
+    # a folder without one is no package and is not entered.
+    found = []
+    for child in sorted(p for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").exists()):
+        found += [child, *_subpackages(child)]
+    return found
 
 
 def _read_trusted(file: Path, owners: frozenset[int], what: str) -> str:

@@ -4,7 +4,7 @@ CPython 3.14 can ask another CPython process of the same version to run a
 script at its next safe point (`sys.remote_exec`, PEP 768). This side writes
 a bootstrap script into a private folder, has the target run it, waits with
 a progress line, then prints the target's report as `run` prints its own.
-The target's side is `_attach_agent`: it detaches on its own at the end of
+The target's side is `attach.agent`: it detaches on its own at the end of
 the window, whatever happens here.
 """
 
@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import aiocop
-from aiocop._commands import attach_proc as _attach_proc
-from aiocop._commands import attach_report as _attach_report
-from aiocop._commands.attach_files import AttachError, Exchange, Pin, agent_sources, temporary_folder
-from aiocop._commands.attach_report import BadReportError
+from aiocop._commands.attach import proc as _attach_proc
+from aiocop._commands.attach import report as _attach_report
+from aiocop._commands.attach.files import AttachError, Exchange, Pin, agent_sources, temporary_folder
+from aiocop._commands.attach.report import BadReportError
 from aiocop._common.escape import printable
 from aiocop._model.severity import level_rank
 from aiocop._reporting import report_files as _report_files
@@ -123,7 +123,7 @@ def _aiocop_session(settings, busy):
             with open(fd, "rb") as stream:
                 finder = Finder(json.loads(stream.read()))
             sys.meta_path.insert(0, finder)
-        import aiocop._commands.attach_agent as agent
+        import aiocop._commands.attach.agent as agent
     except BaseException as error:
         aiocop = sys.modules.get("aiocop")
         where = f"aiocop {{getattr(aiocop, '__version__', '?')}}"

@@ -311,7 +311,7 @@ def _forget(settings: dict[str, Any], *, can_forget: bool) -> bool:
     for name in [n for n in sys.modules if (n == "aiocop" or n.startswith("aiocop.")) and n not in had]:
         del sys.modules[name]
         package, _, attribute = name.rpartition(".")
-        if package in sys.modules:  # `aiocop._commands.attach_agent`, an attribute of the target's own package too
+        if package in sys.modules:  # `aiocop._commands.attach.agent`, an attribute of the target's own package too
             with contextlib.suppress(AttributeError):
                 delattr(sys.modules[package], attribute)
     if "aiocop" in had:  # the target's own package: the names its lazy look-ups cached meanwhile go too
