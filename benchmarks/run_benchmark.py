@@ -114,6 +114,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=common.ROOT / "benchmarks" / "results", help="results directory")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--loops", nargs="+", help="loops for the per-task section (default: all installed)")
+    parser.add_argument(
+        "--pertask-modes",
+        nargs="+",
+        choices=(*PERTASK_MODES[1:], "blockbuster"),
+        help="per-task section: the modes measured against the baseline (default: every aiocop mode); "
+        "blockbuster's column, in the same run, with `blockbuster`",
+    )
     parser.add_argument("--scaling-loop", default="uvloop", help="loop of the scaling section (default uvloop)")
     parser.add_argument("--loadgen", choices=("auto", "wrk", "python"), default="auto", help="HTTP load generator")
     parser.add_argument("--no-pin", action="store_true", help="do not pin server and load generator to separate CPUs")
@@ -151,7 +158,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     common.progress(f"aiocop benchmarks ({results['suite']['preset']}): {', '.join(args.sections)}; loops {loops}")
     tp = throughput_settings(preset, generator, server_cpu, client_cpu)
     sections: dict[str, Callable[[], dict[str, Any]]] = {
-        "pertask": lambda: run_pertask(preset, loops),
+        "pertask": lambda: run_pertask(preset, loops, args.pertask_modes),
         "asgi": lambda: throughput.run_asgi(tp),
         "echo": lambda: throughput.run_echo(tp),
         "loadgen_crosscheck": lambda: run_crosscheck(tp, args.sections),
@@ -172,10 +179,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def run_pertask(preset: Preset, loops: tuple[str, ...]) -> dict[str, Any]:
+def run_pertask(preset: Preset, loops: tuple[str, ...], modes: list[str] | None = None) -> dict[str, Any]:
     settings = pertask.Settings(
         loops=loops,
-        modes=preset.pertask_modes,
+        modes=preset.pertask_modes if not modes else ("baseline", *dict.fromkeys(modes)),
         tasks=preset.pertask_tasks,
         reps=preset.pertask_reps,
         rounds=preset.pertask_rounds,

@@ -29,6 +29,8 @@ MIDDLEWARE = "aiocop+middleware"
 # reader (what any reader costs on the application's side: points recorded;
 # exporting runs on its own thread or at a scrape).
 OTEL = "aiocop+otel"
+# blockbuster instead of aiocop (benchmarks/children/pertask_child.py only): the comparison of issue 39.
+BLOCKBUSTER = "blockbuster"
 MODES = (BASELINE, DETECT, WATCHDOG, MIDDLEWARE, OTEL)
 
 # The trace depth of the 1.x benchmark and of the SPEC's per-task target.

@@ -58,7 +58,10 @@ def _pertask(section: dict[str, Any]) -> list[Verdict]:
                     continue
                 extra = entry["extra_us_per_task"]
                 what = f"{loop}, {scenario}, {mode}"
-                if scenario == "pure":
+                if mode == "blockbuster":
+                    applies, limit = False, BLOCKING_CALL_US
+                    note = "blockbuster, for comparison (raises before the call)"
+                elif scenario == "pure":
                     applies = loop in PURE_TARGET_LOOPS
                     limit = PURE_TASK_US
                     note = "" if applies else "target set for asyncio and uvloop; shown for comparison"
