@@ -150,8 +150,8 @@ _trio: Any = None
 def rebuild() -> None:
     """Compile the hook's table from the live rules and the on/off switches."""
     if not (_state.started and _state.active):
-        audit_hook.__defaults__ = (_NO_RULES.get, _NATIVE)
-        wrapper_hook.__defaults__ = (_NO_RULES.get, _WRAPPED)
+        audit_hook.__defaults__ = (None, _NO_RULES.get, _NATIVE)
+        wrapper_hook.__defaults__ = (None, _NO_RULES.get, _WRAPPED)
         return
     table: dict[str, _Rule] = {
         event: _Rule(
@@ -164,8 +164,8 @@ def rebuild() -> None:
     }
     for event in _LOOP_BOUNDARY_EVENTS:
         table[event] = _Rule(0, None, True)
-    audit_hook.__defaults__ = (table.get, _NATIVE)
-    wrapper_hook.__defaults__ = (table.get, _WRAPPED)
+    audit_hook.__defaults__ = (None, table.get, _NATIVE)
+    wrapper_hook.__defaults__ = (None, table.get, _WRAPPED)
     learn_trio()
 
 
@@ -187,6 +187,7 @@ _WRAPPED = 3
 def audit_hook(  # noqa: PLR0912 - one function on purpose: a call costs more than its branches
     event: str,
     args: tuple[Any, ...],
+    _loop: object = None,
     _lookup: Callable[[str], _Rule | None] = _NO_RULES.get,
     _caller: int = _NATIVE,
 ) -> None:
@@ -195,7 +196,13 @@ def audit_hook(  # noqa: PLR0912 - one function on purpose: a call costs more th
     rule = _lookup(event)
     if rule is None:
         return
-    loop: AbstractEventLoop | TrioRun | None = get_running_loop()
+    # A wrapper hands over the running loop its gate has just found: the look
+    # is not made twice per call (on 3.10 and 3.11 asyncio's C look-up is a
+    # getpid() system call, its fork check; issue 39). Once trio is imported
+    # the gate may find a trio task instead, so the hook looks for itself.
+    loop: AbstractEventLoop | TrioRun | None = (
+        _loop if _loop is not None and _trio is None else get_running_loop()  # type: ignore[assignment]
+    )
     trio_task: TrioTask | None = None
     if loop is None:
         if rule.boundary:
@@ -244,7 +251,7 @@ def audit_hook(  # noqa: PLR0912 - one function on purpose: a call costs more th
 
 # The hook the wrappers call: the same code, told by its default that the
 # caller is one frame further out (a frame _capture then need not look at).
-wrapper_hook = FunctionType(audit_hook.__code__, audit_hook.__globals__, "audit_hook", (_NO_RULES.get, _WRAPPED))
+wrapper_hook = FunctionType(audit_hook.__code__, audit_hook.__globals__, "audit_hook", (None, _NO_RULES.get, _WRAPPED))
 
 
 def _trio_run(runner: object) -> TrioRun:

@@ -132,7 +132,7 @@ PATCH_TARGETS: tuple[PatchTarget, ...] = (
 PollType: type | None = type(select.poll()) if hasattr(select, "poll") else None
 
 
-def _no_hook(event: str, args: tuple[Any, ...]) -> None:
+def _no_hook(event: str, args: tuple[Any, ...], loop: object = None) -> None:
     pass
 
 
@@ -141,10 +141,12 @@ def _no_hook(event: str, args: tuple[Any, ...]) -> None:
 # hooks (a sandbox denying os.*) must see exactly what CPython raises. Handed
 # over by the hook (use_audit_hook) when it is installed; until then there is
 # no detection for it to do. A direct call adds no frame that sys.audit did not.
-_audit_hook: Callable[[str, tuple[Any, ...]], None] = _no_hook
+# Each wrapper passes the loop its gate found as a third argument (the
+# hook's `_loop`): the hook need not look it up again.
+_audit_hook: Callable[..., None] = _no_hook
 
 
-def use_audit_hook(hook: Callable[[str, tuple[Any, ...]], None]) -> None:
+def use_audit_hook(hook: Callable[..., None]) -> None:
     """Make `hook` the function every wrapper calls with its event.
 
     Called by `hook.install()`, when detection starts: the hook module imports this one (for the globals of
@@ -190,10 +192,11 @@ def _may_wait(timeout: Any) -> bool:
 
 def _path(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if get_running_loop() is not None:
+        loop = get_running_loop()
+        if loop is not None:
             # The call's own tuple when the path is all it holds (nearly
             # always): the hook keeps it in its record, no other is made.
-            _audit_hook(event, args if len(args) == 1 else (args[0] if args else kwargs.get("path"),))
+            _audit_hook(event, args if len(args) == 1 else (args[0] if args else kwargs.get("path"),), loop)
         return original(*args, **kwargs)
 
     return wrapper
@@ -201,8 +204,9 @@ def _path(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 
 def _call(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if get_running_loop() is not None:
-            _audit_hook(event, args)
+        loop = get_running_loop()
+        if loop is not None:
+            _audit_hook(event, args, loop)
         return original(*args, **kwargs)
 
     return wrapper
@@ -217,8 +221,8 @@ def _call(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 
 def _sleep(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> None:
-        if len(args) == 1 and not kwargs and get_running_loop() is not None and _may_wait(args[0]):
-            _audit_hook(event, args)
+        if len(args) == 1 and not kwargs and (loop := get_running_loop()) is not None and _may_wait(args[0]):
+            _audit_hook(event, args, loop)
         return original(*args, **kwargs)  # type: ignore[no-any-return]
 
     return wrapper
@@ -234,9 +238,9 @@ def _socket(original: Callable[..., Any], event: str) -> Callable[..., Any]:
         if (
             isinstance(self, _socket_module.socket)
             and _socket_gettimeout(self) != 0.0
-            and get_running_loop() is not None
+            and (loop := get_running_loop()) is not None
         ):
-            _audit_hook(event, (self,))
+            _audit_hook(event, (self,), loop)
         return original(self, *args, **kwargs)
 
     return wrapper
@@ -251,8 +255,8 @@ def _fd_blocking(fd: Any) -> bool:
 
 def _fd_read(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> bytes:
-        if len(args) == 2 and not kwargs and get_running_loop() is not None and _fd_blocking(args[0]):
-            _audit_hook(event, args)
+        if len(args) == 2 and not kwargs and (loop := get_running_loop()) is not None and _fd_blocking(args[0]):
+            _audit_hook(event, args, loop)
         return original(*args, **kwargs)  # type: ignore[no-any-return]
 
     return wrapper
@@ -260,12 +264,12 @@ def _fd_read(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 
 def _fd_write(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> int:
-        if len(args) == 2 and not kwargs and get_running_loop() is not None and _fd_blocking(args[0]):
+        if len(args) == 2 and not kwargs and (loop := get_running_loop()) is not None and _fd_blocking(args[0]):
             try:
                 size = len(args[1])
             except TypeError:  # not a buffer: os.write raises its own error below
                 size = None
-            _audit_hook(event, (args[0], size))
+            _audit_hook(event, (args[0], size), loop)
         return original(*args, **kwargs)  # type: ignore[no-any-return]
 
     return wrapper
@@ -275,8 +279,8 @@ def _select(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if len(args) in (3, 4) and not kwargs:
             timeout = args[3] if len(args) == 4 else None
-            if _may_wait(timeout) and get_running_loop() is not None:
-                _audit_hook(event, (timeout,))
+            if _may_wait(timeout) and (loop := get_running_loop()) is not None:
+                _audit_hook(event, (timeout,), loop)
         return original(*args, **kwargs)
 
     return wrapper
@@ -286,8 +290,8 @@ def _poll(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         if len(args) <= 1 and not kwargs:
             timeout = args[0] if args else None
-            if timeout != 0 and get_running_loop() is not None:
-                _audit_hook(event, (timeout,))
+            if timeout != 0 and (loop := get_running_loop()) is not None:
+                _audit_hook(event, (timeout,), loop)
         return original(self, *args, **kwargs)
 
     return wrapper
@@ -302,7 +306,7 @@ def _lock_acquire(original: Callable[..., Any], event: str) -> Callable[..., Any
     # The original's own parameters (the hottest wrapper: no *args to pack);
     # anything but plain bools and numbers goes to the original as it came.
     def wrapper(self: Any, blocking: Any = True, timeout: Any = -1) -> bool:
-        if not blocking or timeout == 0 or get_running_loop() is None:
+        if not blocking or timeout == 0 or (loop := get_running_loop()) is None:
             return original(self, blocking, timeout)  # type: ignore[no-any-return]
         if type(blocking) not in (bool, int) or type(timeout) not in _PLAIN_NUMBERS:
             return original(self, blocking, timeout)  # type: ignore[no-any-return] # its own judgement
@@ -310,7 +314,7 @@ def _lock_acquire(original: Callable[..., Any], event: str) -> Callable[..., Any
             return original(self, blocking, timeout)  # type: ignore[no-any-return] # its own error
         if original(self, False):
             return True
-        _audit_hook(event, (timeout,))
+        _audit_hook(event, (timeout,), loop)
         return original(self, True, timeout)  # type: ignore[no-any-return]
 
     return wrapper
@@ -333,12 +337,12 @@ def _c_acquire(lock: Any) -> Callable[..., Any] | None:
 
 def _lock_enter(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any, *args: Any) -> bool:
-        if args or get_running_loop() is None:  # `with` gives none (and an empty tuple is free)
+        if args or (loop := get_running_loop()) is None:  # `with` gives none (and an empty tuple is free)
             return original(self, *args)  # type: ignore[no-any-return]
         acquire = _c_acquire(self)
         if acquire is None or acquire(self, False):
             return original(self) if acquire is None else True
-        _audit_hook(event, (None,))
+        _audit_hook(event, (None,), loop)
         return original(self)  # type: ignore[no-any-return]
 
     return wrapper
@@ -356,8 +360,13 @@ def _event_wait(original: Callable[..., Any], event: str) -> Callable[..., Any]:
         usual, timeout = _timeout_of(args, kwargs)
         # The flag Event.is_set reads (a subclass's override is not called); an
         # object with none is no event: the original raises its own error.
-        if usual and _may_wait(timeout) and not getattr(self, "_flag", True) and get_running_loop() is not None:
-            _audit_hook(event, (timeout,))
+        if (
+            usual
+            and _may_wait(timeout)
+            and not getattr(self, "_flag", True)
+            and (loop := get_running_loop()) is not None
+        ):
+            _audit_hook(event, (timeout,), loop)
         return original(self, *args, **kwargs)  # type: ignore[no-any-return]
 
     return wrapper
@@ -366,8 +375,8 @@ def _event_wait(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 def _condition_wait(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> bool:
         usual, timeout = _timeout_of(args, kwargs)
-        if usual and _may_wait(timeout) and get_running_loop() is not None:
-            _audit_hook(event, (timeout,))
+        if usual and _may_wait(timeout) and (loop := get_running_loop()) is not None:
+            _audit_hook(event, (timeout,), loop)
         return original(self, *args, **kwargs)  # type: ignore[no-any-return]
 
     return wrapper
@@ -384,8 +393,8 @@ def _queue_size(q: Any) -> int:
 
 def _queue_get(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     def wrapper(self: Any, block: Any = True, timeout: Any = None) -> Any:
-        if block and _may_wait(timeout) and not _queue_size(self) and get_running_loop() is not None:
-            _audit_hook(event, (timeout,))
+        if block and _may_wait(timeout) and not _queue_size(self) and (loop := get_running_loop()) is not None:
+            _audit_hook(event, (timeout,), loop)
         return original(self, block, timeout)
 
     return wrapper
@@ -397,9 +406,9 @@ def _queue_put(original: Callable[..., Any], event: str) -> Callable[..., Any]:
             block
             and _may_wait(timeout)
             and 0 < getattr(self, "maxsize", 0) <= _queue_size(self)  # no maxsize: no queue, the original says so
-            and get_running_loop() is not None
+            and (loop := get_running_loop()) is not None
         ):
-            _audit_hook(event, (timeout,))
+            _audit_hook(event, (timeout,), loop)
         return original(self, item, block, timeout)  # type: ignore[no-any-return]
 
     return wrapper
@@ -415,12 +424,12 @@ def _ssl_files(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     # event carries the files named; a load of in-memory `cadata` alone reads
     # no file and is not reported (set_default_verify_paths names none: always).
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if get_running_loop() is not None:
+        if (loop := get_running_loop()) is not None:
             files = tuple(a for a in args[:2] if a is not None)
             if kwargs:
                 files += tuple(kwargs[k] for k in _SSL_FILE_PARAMETERS if kwargs.get(k) is not None)
             if files or not (args or kwargs):
-                _audit_hook(event, files)
+                _audit_hook(event, files, loop)
         return original(self, *args, **kwargs)
 
     return wrapper
@@ -429,7 +438,7 @@ def _ssl_files(original: Callable[..., Any], event: str) -> Callable[..., Any]:
 def _import_module(original: Callable[..., Any], event: str) -> Callable[..., Any]:
     # As the import statement's event: only for a module not imported yet.
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if args and get_running_loop() is not None:
+        if args and (loop := get_running_loop()) is not None:
             name = args[0]
             if isinstance(name, str) and name.startswith(".") and not kwargs:
                 try:
@@ -437,7 +446,7 @@ def _import_module(original: Callable[..., Any], event: str) -> Callable[..., An
                 except (ImportError, ValueError, TypeError, AttributeError):
                     name = None  # the call itself raises the right error
             if isinstance(name, str) and name not in sys.modules and _may_search(name):
-                _audit_hook(event, (name,))
+                _audit_hook(event, (name,), loop)
         return original(*args, **kwargs)
 
     return wrapper
