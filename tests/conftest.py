@@ -114,9 +114,9 @@ TIMING_TESTS = frozenset(
         "test_another_user_s_target_removes_its_folder_when_it_runs_the_script_late",
     }
 )
-# cost: instruction counts under valgrind and the benchmark suite run end to
-#   end: deterministic, but minutes of CPU each.
-COST_MODULES = frozenset({"test_cost_guard", "test_benchmarks"})
+# cost: instruction counts under valgrind, system calls under strace and the
+#   benchmark suite run end to end: deterministic, but minutes of CPU each.
+COST_MODULES = frozenset({"test_cost_guard", "test_syscall_guard", "test_benchmarks"})
 # integration: a real Prometheus server, a real browser, or the package registry.
 INTEGRATION_MODULES = frozenset({"test_prometheus"})
 INTEGRATION_TESTS = frozenset(
