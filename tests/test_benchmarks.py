@@ -252,3 +252,24 @@ def test_back_to_back_steps_refuses_bad_settings(tmp_path: Path) -> None:
             [sys.executable, str(BACK_TO_BACK), *args], capture_output=True, text=True, timeout=60, check=False
         )
         assert done.returncode == 2 and named in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("blockbuster") is None, reason="blockbuster is the comparison's")
+def test_the_per_task_child_times_blockbuster_and_counts_each_call_it_raised_for() -> None:
+    # `--pertask-modes ... blockbuster` (issue 39): blockbuster raises at each
+    # blocking call, before it runs; the child catches and counts them.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "children" / "pertask_child.py"), "blockbuster", "asyncio", "1"]
+        + [f"{name}=1000" for name in ("pure", "getcwd", "stat", "file_read", "handler")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not result["aiocop_imported"]
+    for name, data in result["scenarios"].items():
+        assert data["ok"], (name, data["problems"])
+        assert data["delivered"] == [0 if name == "pure" else 1000], name
