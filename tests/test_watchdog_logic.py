@@ -1687,3 +1687,79 @@ def test_a_trio_run_is_armed_by_an_instrument_that_trips_as_the_run_wakes(rec: R
     assert watch.tripwire_set > 0 and type(watch.tripwire).__name__ == "_TrioTripwire"
     assert not watch.armed and wakes == [watch.tripped] and watch.tripped >= watch.tripwire_set
     assert not seen["left"], "it removed itself: no instrument runs on the run's later passes"
+
+
+# --- the gap between two steps, when a look waited on a hold (issue 37's review) ----------------------
+
+
+def test_a_hold_ending_a_step_before_the_next_ones_entry_is_the_first_steps(
+    rec: Recorded, frames: Frames, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`return json.dumps(...)` ends a's step holding the GIL; the late look it kept out lands at b's entry.
+
+    b has run nothing yet (its frame at its entry): what the thread ran since
+    the last look at a was a's, up to this look. One stall of a's 46 ms, not
+    a gap shared with b and counted for neither (that lost it whole).
+    """
+    monkeypatch.setattr(sys, "getswitchinterval", lambda: 0.005)
+    a, b = frames.steps
+    monkeypatch.setattr(_stacks, "entering", lambda frame: frame is b)
+    looks = Looks()
+    looks.at(100.000, 1.000, frames.idle)
+    for i in range(1, 12):
+        looks.at(100.000 + 0.002 * i, 1.000 + 0.002 * i, a)  # a at full speed to 100.022
+    late_look(looks, 100.024, 100.0462, 1.0462, 0.0242, b)  # held from 100.022 (24.2 ms of CPU)
+    [stall] = rec.stalls
+    assert stall.ident is a.f_back
+    assert (stall.start, stall.end) == (near(100.000), near(100.0462))
+    assert not looks.step.held and looks.step.start() == near(100.0462)  # b: nothing of it ran before
+
+
+def test_a_hold_ending_a_step_then_the_loop_idle_times_it_to_the_look(
+    rec: Recorded, frames: Frames, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step's last 28 ms a C call holding the GIL, the loop idle after it: timed to the late look, not
+    to the middle of the gap (its thread's CPU rate, taken while the looks shared the GIL, overshoots)."""
+    monkeypatch.setattr(sys, "getswitchinterval", lambda: 0.005)
+    a = frames.steps[0]
+    looks = Looks()
+    looks.at(100.000, 1.000, frames.idle)
+    for i in range(6):
+        now = 100.002 + 0.003 * i
+        looks.at(now, 1.002 + 0.98 * (now - 100.002), a)  # 98 % of a CPU: the looks take the rest
+    cpu = 1.002 + 0.98 * 0.015
+    late_look(looks, 100.019, 100.0451, cpu + 0.0281, 0.0281, frames.idle)
+    [stall] = rec.stalls
+    assert stall.end == near(100.0451) and (stall.end - stall.start) * 1000.0 > 44.0
+
+
+def test_a_loop_stopping_on_its_thread_times_its_last_step_by_the_clock(rec: Recorded, frames: Frames) -> None:
+    """The loop's thread finishes its last step as the loop stops: what it ran since the last look was that
+    step's, whatever the rate the looks measured (no gap shared with anything)."""
+    a = frames.steps[0]
+    looks = Looks()
+    looks.at(100.000, 1.000, frames.idle)
+    for i in range(6):
+        now = 100.002 + 0.007 * i
+        looks.at(now, 1.002 + 0.98 * (now - 100.002), a)
+    looks.dog.finish(looks.watch, 100.04501, 1.002 + 0.98 * 0.035 + 0.00801)
+    [stall] = rec.stalls
+    assert (stall.end - stall.start) * 1000.0 > 44.0
+
+
+def test_an_io_event_ends_no_later_than_a_later_step_is_known_to_run(rec: Recorded, frames: Frames) -> None:
+    """a's blocking call at 100.0015, then C work holding the GIL to 100.050; the late look sees b once. a's
+    event ends where b is known to have run (its sighting), not at b's guessed start (the gap's middle)."""
+    from aiocop._interception.hook import StepGroup
+    from aiocop._reporting import delivery as _delivery
+
+    a, b = frames.steps
+    looks = Looks()
+    looks.at(100.000, 1.000, frames.idle)
+    looks.at(100.001, 1.001, a)
+    looks.at(100.003, 1.0025, a)
+    looks.at(100.0502, 1.0497, b)
+    group = StepGroup()
+    group.ident, group.t_first, group.t_end = a.f_back, 100.0015, 100.052  # (t_end: its delivery's time)
+    _delivery._take_stall_of(group, looks.watch)
+    assert group.t_end == near(100.0502)

@@ -219,7 +219,7 @@ def _take_stall_of(group: StepGroup, watch: LoopWatch) -> None:
                 step.merged = True
                 group.stall = _timing.stall_of(step, step.start(), group.t_end, watch)
         elif step.t_last > group.t_first:
-            group.t_end = max(group.t_first, min(group.t_end, step.start()))
+            group.t_end = max(group.t_first, min(group.t_end, step.known_since()))
     if group.stall is not None:
         group.stall.release()  # the io event knows its task: keep no frame, task or context alive
 

@@ -176,8 +176,12 @@ class Step:
         began = self.t_first - (self.cpu_first - self.cpu_prev) / rate - _paused(self.t_prev, self.t_first)
         return max(self.t_prev, began), not self.after_other
 
-    def end(self, now: float, cpu: float | None, *, by_other: bool = False) -> float:
-        """Best estimate of when the step ended, seen gone at `now` (`by_other`: in another step)."""
+    def end(self, now: float, cpu: float | None, *, by_other: bool = False, sure: bool = False) -> float:
+        """Best estimate of when the step ended, seen gone at `now`.
+
+        `by_other`: seen gone into another step; `sure`: what the thread ran
+        since the last look was this step's, whatever the clock says.
+        """
         if self.ended:
             return self.ended
         middle = (self.t_last + now) / 2.0
@@ -185,16 +189,16 @@ class Step:
         if tail is None:
             return middle
         ended, told = tail
-        return ended if told and not by_other else min(ended, middle)
+        return ended if sure or (told and not by_other) else min(ended, middle)
 
-    def known_end(self, now: float, cpu: float | None, *, by_other: bool = False) -> float:
+    def known_end(self, now: float, cpu: float | None, *, by_other: bool = False, sure: bool = False) -> float:
         """The latest moment the step is known, not guessed, to have been running; seen gone at `now`.
 
         Found over in another step (`by_other`), the last look that saw it:
         the gap after it is shared with that step (`after_other`). Found
         over with the loop idle, its end (`end`).
         """
-        return self.t_last if by_other and not self.ended else self.end(now, cpu)
+        return self.t_last if by_other and not self.ended else self.end(now, cpu, sure=sure)
 
     def _tail(self, now: float, cpu: float | None) -> tuple[float, bool] | None:
         # A CPU-bound step's end by its thread's CPU clock since the last

@@ -593,7 +593,7 @@ class Watchdog:
                 watch, stopped, cpu = retired.popleft()
             except IndexError:  # cleared meanwhile by stop()
                 return
-            self._finish(watch, stopped, cpu)
+            self._finish(watch, stopped, cpu, sure=True)
 
     def _poll_one(self, watch: LoopWatch, frame: FrameType, now: float, cpu: float | None) -> bool:
         # `now` and `cpu`: the time and the thread's CPU clock at the snapshot
@@ -602,13 +602,18 @@ class Watchdog:
         found = _stacks.step_of(frame, watch, now)
         step: Step | None = watch.step
         self._walked = None
-        held = self._held(watch, found, now, cpu) if found is not None and self._due else 0.0
+        # Where nothing of the step it found has run yet (at its entry), a
+        # hold this look waited on was the step's before it: what the loop's
+        # thread ran since the last look was that step's tail, to this look.
+        entering = found is None or (found[2] is found[1] and _stacks.entering(found[2]))
+        hold = self._held(watch, found, entering, now, cpu) if self._due and (found or step) else 0.0
+        held = 0.0 if entering else hold
         if found is None:
             if watch.own:
                 self._tick_seen(watch)
             before = _timing.last_seen(watch)[0]  # (read before the step is dropped)
             if step is not None:
-                self._finish(watch, now, cpu)
+                self._finish(watch, now, cpu, sure=bool(hold))
             watch.step = None
             watch.beat_posted = 0.0
             _timing.remember_idle(watch, now, cpu, before)
@@ -619,7 +624,7 @@ class Watchdog:
             step.t_last = now
             step.cpu_last = cpu
         else:
-            step = self._new_step(watch, step, came_back, ident, root, now, cpu)
+            step = self._new_step(watch, step, came_back, ident, root, now, cpu, entering, hold)
             if held:
                 # (On asyncio, no earlier than its iteration woke: a step of
                 # a busy loop seen after a late look began after that.)
@@ -705,15 +710,19 @@ class Watchdog:
         return self._kept
 
     def _held(
-        self, watch: LoopWatch, found: tuple[object, FrameType, FrameType], now: float, cpu: float | None
+        self,
+        watch: LoopWatch,
+        found: tuple[object, FrameType, FrameType] | None,
+        entering: bool,
+        now: float,
+        cpu: float | None,
     ) -> float:
         # When the loop's thread began holding the GIL in the C call this
-        # look waited on (0: none; _timing.held_from), in the step the look sees.
-        _ident, root, innermost = found
-        if innermost is root and _stacks.entering(innermost):
-            # The step has not run yet: the GIL was held before it (a C
-            # function the loop ran as a callback, on a loop written in C).
-            return 0.0
+        # look waited on (0: none; _timing.held_from): in the step the look
+        # sees, or, where it sees none or one at its entry (`entering`: it has
+        # not run yet), before it: in the step before's last C call (a
+        # `return json.dumps(...)` that ends a task), or a C function the loop
+        # ran as a callback, on a loop written in C.
         seen, cpu_seen = _timing.last_seen(watch)
         asked = self._due
         tripped = _timing.tripped_at(watch, seen, now)
@@ -729,7 +738,9 @@ class Watchdog:
         # have moved on: the stall was placed at the line after the call
         # (json.dumps then print: the print's line, one run in three). The
         # step's sample is walked now, at the snapshot's moment (_sample).
-        self._walked = (innermost, _stacks.stack_of(innermost, root))
+        if found is not None and not entering:
+            _ident, root, innermost = found
+            self._walked = (innermost, _stacks.stack_of(innermost, root))
         kept = self._own_scheduling()
         proc = self._proc_ran
         others = None if proc is None or cpu is None or cpu_seen is None else proc - (cpu - cpu_seen)
@@ -744,13 +755,26 @@ class Watchdog:
         root: FrameType,
         now: float,
         cpu: float | None,
+        entering: bool = False,
+        hold: float = 0.0,
     ) -> Step:
-        # A step first seen at `now`, after the loop was idle (`step` None) or in `step`.
+        # A step first seen at `now`, after the loop was idle (`step` None) or
+        # in `step`; at its entry (`entering`: nothing of it has run yet), and
+        # after the loop's thread held the GIL since `hold` (0: no such hold),
+        # in it or, entering, in the step before.
         prev, cpu_prev = _timing.last_other(watch, step, came_back, now)
         woke = _woke_at(watch, ident, prev, now) if step is None else 0.0
-        after_other = step is not None
-        if after_other:
-            self._finish(watch, now, cpu, by_other=True)
+        after_other = step is not None and not entering
+        if step is not None:
+            # Seen in another step, the gap is shared (Step.after_other),
+            # unless this one has not begun: then it is all the step
+            # before's, up to this look if its thread held the GIL to it.
+            # One that began with a hold ended before it.
+            self._finish(
+                watch, now, cpu, by_other=after_other, sure=entering and bool(hold), end_by=0.0 if entering else hold
+            )
+        if entering:
+            prev, cpu_prev = now, cpu  # (nothing of it ran before this look)
         _tripwire.step_seen(watch)  # (one it did not trip on: not trusted again)
         watch.beat_posted = 0.0
         if not _stacks.in_tick(root):
@@ -796,8 +820,20 @@ class Watchdog:
         except Exception:
             logger.exception("aiocop: could not report a hung loop (ignored)")
 
-    def _finish(self, watch: LoopWatch, now: float, cpu: float | None = None, *, by_other: bool = False) -> None:
-        # `now`: the look that found the step over, in another step if `by_other`.
+    def _finish(
+        self,
+        watch: LoopWatch,
+        now: float,
+        cpu: float | None = None,
+        *,
+        by_other: bool = False,
+        sure: bool = False,
+        end_by: float = 0.0,
+    ) -> None:
+        # `now`: the look that found the step over, in another step if
+        # `by_other`; `sure`: what the thread ran since the last look was this
+        # step's (the loop stopped on its own thread, or a hold it waited on
+        # ended in this step); `end_by`: the step after began by then (0: not known).
         step: Step | None = watch.step
         watch.step = None
         if step is None or step.merged:
@@ -809,14 +845,16 @@ class Watchdog:
             # leaves 6 ms to be seen in, less than the GIL can keep this
             # thread waiting); a wait is not, its ends being guesses.
             return
-        end = step.end(now, cpu, by_other=by_other)
+        end = step.end(now, cpu, by_other=by_other, sure=sure)
+        if end_by > step.t_last:
+            end = min(end, end_by)
         if watch.beat_done and step.t_last <= watch.beat_done <= now:
             end = min(end, watch.beat_done)  # the heartbeat ran as soon as the loop was back
         start = step.start()
         # Decided on what is known of its length, timed by the best estimate:
         # where a neighbouring step shares a gap between two looks, the gap
         # counts for neither (Step.after_other).
-        known = min(end, step.known_end(now, cpu, by_other=by_other)) - step.known_since()
+        known = min(end, step.known_end(now, cpu, by_other=by_other, sure=sure)) - step.known_since()
         if known * 1000.0 < _state.config.threshold_ms:
             return
         stall = _timing.stall_of(step, start, end, watch)
@@ -833,7 +871,7 @@ class Watchdog:
         last step is reported then, before the loop's run returns, instead of
         at the watchdog's next look. Exactly once, whoever finishes it first.
         """
-        self._finish(watch, stopped, cpu)
+        self._finish(watch, stopped, cpu, sure=True)
 
     def _report(self, stall: Stall) -> None:
         # (Also on a loop's thread, from a tick of the probe: the lock's C
