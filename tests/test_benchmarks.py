@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from tests import scripts
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "run_benchmark.py"
 SECTIONS = ("pertask", "asgi", "echo", "loadgen_crosscheck", "scaling")
@@ -237,10 +239,7 @@ def test_back_to_back_steps_runs_and_scores_its_rounds() -> None:
 
 
 def test_back_to_back_steps_scores_reports_against_true_stalls() -> None:
-    spec = importlib.util.spec_from_file_location("back_to_back_steps", BACK_TO_BACK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = scripts.load("benchmarks/back_to_back_steps.py")
     # W0 made 2 true stalls and was reported 3 times; W1 made none and was reported once.
     result = {"events": [["W0", 50.0], ["W0", 47.0], ["W0", 31.0], ["W1", 36.0]], "true": {"W0": 2}}
     assert module.score(result) == (2, 2, 2)

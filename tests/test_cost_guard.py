@@ -13,7 +13,6 @@ AIOCOP_REQUIRE_VALGRIND is set, as in CI (`.ci/run` installs valgrind).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -21,27 +20,17 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:
-    from types import ModuleType
+from tests import scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "instructions.py"
 ON_312 = sys.implementation.name == "cpython" and sys.version_info[:2] == (3, 12)
 
 
-def _instructions() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("aiocop_bench_instructions", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-instructions = _instructions()
+instructions = scripts.load("benchmarks/instructions.py")
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib (the budgets file's reader) is new in 3.11")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import scripts
 from tests.docs_hooks import load, renderer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,10 +72,7 @@ def test_quickstart_example_prints_what_the_page_shows() -> None:
 def test_the_site_link_check_finds_links_that_open_no_file(tmp_path: Path) -> None:
     # The docs build's hook (docs/hooks/site_links.py): the site opened from
     # disk must never land on a folder listing or a missing file.
-    spec = importlib.util.spec_from_file_location("site_links", ROOT / "docs" / "hooks" / "site_links.py")
-    assert spec is not None and spec.loader is not None
-    site_links = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(site_links)
+    site_links = scripts.load("docs/hooks/site_links.py")
     (tmp_path / "guide").mkdir()
     (tmp_path / "guide" / "page.html").write_text('<a href="../index.html#top">home</a><img src="missing.png">')
     (tmp_path / "index.html").write_text(

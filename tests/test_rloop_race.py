@@ -30,6 +30,7 @@ import aiocop
 from aiocop._interception import loops as _loops
 from aiocop._stalls import settings as _settings
 from aiocop._stalls import watchdog as _watchdog
+from tests import scripts
 from tests.conftest import Collector, loop_factory, quiet_rloop, run_python
 
 if TYPE_CHECKING:
@@ -189,11 +190,7 @@ def test_a_loop_start_wakes_a_watchdog_sleeping_long(detector: Collector, monkey
 
 
 def _race_benchmark() -> Any:
-    spec = importlib.util.spec_from_file_location("rloop_close_race", "benchmarks/rloop_close_race.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return scripts.load("benchmarks/rloop_close_race.py")
 
 
 def test_the_race_benchmarks_test_of_equal_rates() -> None:

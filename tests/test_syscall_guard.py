@@ -25,12 +25,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:
-    from types import ModuleType
+from tests import scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "syscalls.py"
@@ -40,15 +38,7 @@ TASKS = 1000
 SLACK = 0.05
 
 
-def _syscalls() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("aiocop_bench_syscalls", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-syscalls = _syscalls()
+syscalls = scripts.load("benchmarks/syscalls.py")
 
 
 def test_a_trace_is_split_at_the_markers_and_each_thread_counted_apart() -> None:
