@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 from aiocop._common.clock import perf_counter
 from aiocop._interception import frames as _frames
 from aiocop._interception import loops as _loops
-from aiocop._interception.internals import LOOP_PACKAGES
+from aiocop._interception.internals import KNOWN_LOOP_PACKAGES, PYTHON_LOOP_PACKAGES
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -90,7 +90,6 @@ _RUNNER: Any = getattr(asyncio, "Runner", None)  # 3.11+; asyncio.run() of 3.10 
 # Read through type's own descriptors: a metaclass of the application's is never run.
 _mro_of: Callable[[type], tuple[type, ...]] = type.__dict__["__mro__"].__get__
 _module_of: Callable[[type], object] = type.__dict__["__module__"].__get__
-_KNOWN_PACKAGES = frozenset(LOOP_PACKAGES) | _loops.PYTHON_LOOP_PACKAGES | {"leviathan"}
 _known_types: dict[type, bool] = {}
 _MAX_KNOWN_TYPES = 256
 
@@ -103,7 +102,8 @@ def _derives(cls: type, base: type) -> bool:
 def _known_module(name: object) -> bool:
     if type(name) is not str:
         return False
-    return name.partition(".")[0] in _KNOWN_PACKAGES or name in _loops.UNANNOUNCED_LOOP_MODULES or name == "builtins"
+    top = name.partition(".")[0]
+    return top in KNOWN_LOOP_PACKAGES or name in _loops.UNANNOUNCED_LOOP_MODULES or name == "builtins"
 
 
 def _known_class(cls: type) -> bool:
@@ -146,7 +146,7 @@ def _python_loop(loop: object) -> bool:
         if (
             cls is not asyncio.AbstractEventLoop
             and type(name) is str
-            and name.partition(".")[0] in _loops.PYTHON_LOOP_PACKAGES
+            and name.partition(".")[0] in PYTHON_LOOP_PACKAGES
         ):
             return True
     return False
