@@ -91,47 +91,6 @@ class _Rule:
         self.raises = raises
 
 
-def _blocking_socket(args: tuple[Any, ...]) -> bool:
-    sock: Any = args[0] if args else None
-    try:
-        return bool(sock.gettimeout() != 0.0)
-    except Exception:  # not a socket, or closed: let the call itself decide
-        return True
-
-
-def _positive_delay(args: tuple[Any, ...]) -> bool:
-    delay: Any = args[0] if args else None
-    return isinstance(delay, (int, float)) and delay > 0
-
-
-def _on_disk_database(args: tuple[Any, ...]) -> bool:
-    # sqlite3.connect(":memory:") (or a "file::memory:" URI) reads and writes no file.
-    database: Any = args[0] if args else None
-    if isinstance(database, bytes):
-        database = database.decode(errors="replace")
-    return not (isinstance(database, str) and (database == ":memory:" or database.startswith("file::memory:")))
-
-
-def _never(args: tuple[Any, ...]) -> bool:
-    return False
-
-
-def _delay_over_threshold(args: tuple[Any, ...]) -> bool:
-    delay: Any = args[0] if args else None
-    return not isinstance(delay, (int, float)) or delay * 1000.0 >= _state.config.threshold_ms
-
-
-_RAISES: dict[str, Callable[[tuple[Any, ...]], bool]] = {
-    "never": _never,
-    "delay_over_threshold": _delay_over_threshold,
-}
-
-_CONDITIONS: dict[str, Callable[[tuple[Any, ...]], bool]] = {
-    "blocking_socket": _blocking_socket,
-    "positive_delay": _positive_delay,
-    "on_disk_database": _on_disk_database,
-}
-
 # The hook's lookup: `dict.get` of a table compiled from the live rules, or of
 # an empty dict while detection is off. It is the hook's default argument, not
 # a module global: a local is the fastest read there is, swapping the defaults
@@ -156,9 +115,9 @@ def rebuild() -> None:
     table: dict[str, _Rule] = {
         event: _Rule(
             weight,
-            _CONDITIONS.get(_rules.CONDITIONS.get(event, "always")),
+            _rules.CONDITION_CHECKS.get(event),
             False,
-            _RAISES.get(_rules.RAISES.get(event, "always")),
+            _rules.RAISE_CHECKS.get(event),
         )
         for event, weight in _rules.live_weights().items()
     }

@@ -13,13 +13,60 @@ the audit hook sees a change at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from aiocop._model import state as _state
 from aiocop._model.severity import WEIGHT_HEAVY, WEIGHT_LIGHT, WEIGHT_MODERATE, WEIGHT_TRIVIAL
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 Source = Literal["native", "wrapper"]
 Condition = Literal["always", "blocking_socket", "positive_delay", "on_disk_database"]
 Raises = Literal["always", "never", "delay_over_threshold"]
+
+
+# What a condition and a `raises` of a rule check, given the call's arguments. The hook calls them, from its
+# table compiled when the rules change (hook.rebuild), so they cost here what they cost in the hook.
+def _blocking_socket(args: tuple[Any, ...]) -> bool:
+    sock: Any = args[0] if args else None
+    try:
+        return bool(sock.gettimeout() != 0.0)
+    except Exception:  # not a socket, or closed: let the call itself decide
+        return True
+
+
+def _positive_delay(args: tuple[Any, ...]) -> bool:
+    delay: Any = args[0] if args else None
+    return isinstance(delay, (int, float)) and delay > 0
+
+
+def _on_disk_database(args: tuple[Any, ...]) -> bool:
+    # sqlite3.connect(":memory:") (or a "file::memory:" URI) reads and writes no file.
+    database: Any = args[0] if args else None
+    if isinstance(database, bytes):
+        database = database.decode(errors="replace")
+    return not (isinstance(database, str) and (database == ":memory:" or database.startswith("file::memory:")))
+
+
+def _never(args: tuple[Any, ...]) -> bool:
+    return False
+
+
+def _delay_over_threshold(args: tuple[Any, ...]) -> bool:
+    delay: Any = args[0] if args else None
+    return not isinstance(delay, (int, float)) or delay * 1000.0 >= _state.config.threshold_ms
+
+
+_CHECK_OF_CONDITION: dict[Condition, Callable[[tuple[Any, ...]], bool]] = {
+    "blocking_socket": _blocking_socket,
+    "positive_delay": _positive_delay,
+    "on_disk_database": _on_disk_database,
+}
+_CHECK_OF_RAISES: dict[Raises, Callable[[tuple[Any, ...]], bool]] = {
+    "never": _never,
+    "delay_over_threshold": _delay_over_threshold,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +88,8 @@ class BlockingCall:
     `"positive_delay"`: only when the first argument is a delay above zero;
     `"on_disk_database"`: only when the first argument is not an in-memory SQLite database."""
     native_since: tuple[int, int] | None = None
-    """For wrapper events: the Python version from which CPython raises the event itself."""
+    """For wrapper events: the Python version from which CPython raises the event itself (the wrapper is not
+    installed from it on: `PatchTarget.until` reads it here)."""
     raises: Raises = "always"
     """Whether `raise_on_violations` stops the call (it is reported either way):
     `"never"` for imports (a first-use import, or a failing optional one,
@@ -231,8 +279,17 @@ BLOCKING_CALLS: tuple[BlockingCall, ...] = (
 del H, M, L, T
 
 DEFAULT_WEIGHTS: dict[str, int] = {call.event: call.weight for call in BLOCKING_CALLS}
-CONDITIONS: dict[str, Condition] = {call.event: call.condition for call in BLOCKING_CALLS if call.condition != "always"}
-RAISES: dict[str, Raises] = {call.event: call.raises for call in BLOCKING_CALLS if call.raises != "always"}
+# What the hook checks of a call's arguments, by event, derived from the rules (none: always reported; raised).
+CONDITION_CHECKS: dict[str, Callable[[tuple[Any, ...]], bool]] = {
+    call.event: _CHECK_OF_CONDITION[call.condition] for call in BLOCKING_CALLS if call.condition != "always"
+}
+RAISE_CHECKS: dict[str, Callable[[tuple[Any, ...]], bool]] = {
+    call.event: _CHECK_OF_RAISES[call.raises] for call in BLOCKING_CALLS if call.raises != "always"
+}
+# The Python version from which CPython raises a wrapper event itself, by event.
+NATIVE_SINCE: dict[str, tuple[int, int]] = {
+    call.event: call.native_since for call in BLOCKING_CALLS if call.native_since is not None
+}
 
 # The live table. Mutated in place (never rebound) so that every reader holds
 # the same dict; the hook compiles its own lookup from it (see _hook.rebuild).

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from aiocop._interception import reload as _reload
+from aiocop._interception import rules as _rules
 from aiocop._interception import standin as _standin
 from aiocop._interception import typepatch as _typepatch
 
@@ -72,12 +73,16 @@ class PatchTarget:
     attr: str
     event: str
     kind: Kind
-    until: tuple[int, int] | None = None  # not patched from this Python version on
     label: str = ""  # the name users know it by, when the owner is an implementation detail
 
     @property
     def name(self) -> str:
         return self.label or f"{self.owner.replace(':', '.')}.{self.attr}"
+
+    @property
+    def until(self) -> tuple[int, int] | None:
+        """Not patched from this Python version on: CPython raises the event itself (its rule's `native_since`)."""
+        return _rules.NATIVE_SINCE.get(self.event)
 
 
 # SSLContext's methods that read certificate and key files in OpenSSL (ssl.create_default_context() calls
@@ -95,7 +100,7 @@ PATCH_TARGETS: tuple[PatchTarget, ...] = (
     PatchTarget("os", "sendfile", "os.sendfile", "call"),
     PatchTarget("os", "read", "os.read", "fd_read"),
     PatchTarget("os", "write", "os.write", "fd_write"),
-    PatchTarget("time", "sleep", "time.sleep", "sleep", until=(3, 13)),  # native event from 3.13
+    PatchTarget("time", "sleep", "time.sleep", "sleep"),  # native event from 3.13 (its rule's native_since)
     *(PatchTarget("socket:socket", m, f"socket.socket.{m}", "socket") for m in _SOCKET_METHODS),
     PatchTarget("ssl:SSLSocket", "read", "ssl.SSLSocket.read", "socket"),
     PatchTarget("ssl:SSLSocket", "write", "ssl.SSLSocket.write", "socket"),
