@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 
 
 class Kind(IntEnum):
+    """Whose code a frame runs (`frame_kind`): the user's, the stdlib's, a loop's, aiocop's, the import system's.
+
+    Not wrappers.WrapperKind, which wrapper a patched call gets.
+    """
+
     USER = 0
     STDLIB = 1
     LOOP = 2

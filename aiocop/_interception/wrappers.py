@@ -45,7 +45,9 @@ logger = logging.getLogger("aiocop")
 # wrappers pay nothing for it.
 __tracebackhide__ = True
 
-Kind = Literal[
+# Which wrapper a PatchTarget gets: how that kind of call decides it can really block (one factory each, in
+# _FACTORIES). Not frames.Kind, whose code a frame is.
+WrapperKind = Literal[
     "path",
     "call",
     "sleep",
@@ -72,7 +74,7 @@ class PatchTarget:
     owner: str  # module, or module:Class for a class attribute
     attr: str
     event: str
-    kind: Kind
+    kind: WrapperKind
     label: str = ""  # the name users know it by, when the owner is an implementation detail
 
     @property
@@ -475,7 +477,7 @@ def _may_search(name: str) -> bool:
     return type(module) is not _ModuleType or "__path__" in module.__dict__
 
 
-_FACTORIES: dict[str, Callable[[Callable[..., Any], str], Callable[..., Any]]] = {
+_FACTORIES: dict[WrapperKind, Callable[[Callable[..., Any], str], Callable[..., Any]]] = {
     "path": _path,
     "call": _call,
     "sleep": _sleep,
