@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from aiocop._interception import internals, loops
+from aiocop._interception import harmless, internals, loops
 from aiocop._interception.internals import KNOWN_LOOPS, LoopFrame
 from aiocop._stalls import discovery
 
@@ -29,7 +29,7 @@ def test_derived_lists_equal_the_lists_written_out_before_the_table() -> None:
     assert frozenset(internals.LOOP_PACKAGES) | internals.PYTHON_LOOP_PACKAGES | {"leviathan"} == (
         internals.KNOWN_LOOP_PACKAGES
     )
-    bind = [r for r in internals.HARMLESS if r.event == ("socket.bind",) and r.caller_functions]
+    bind = [r for r in harmless.HARMLESS if r.event == ("socket.bind",) and r.caller_functions]
     assert [r.caller_modules for r in bind] == [("asyncio", "uvloop", "winloop", "rloop", "veloxloop")]
 
 

@@ -254,7 +254,7 @@ def test_a_scope_set_before_start_soon_follows_into_the_child_task(detector: Col
 
 def test_trios_own_numeric_lookups_and_process_start_are_not_reported(detector: Collector) -> None:
     # trio tries getaddrinfo with AI_NUMERICHOST in the task (no DNS), and wraps a process's pidfd in a
-    # FileIO: known-harmless (internals.HARMLESS). Its sockets are non-blocking, its Popen in a thread.
+    # FileIO: known-harmless (harmless.HARMLESS). Its sockets are non-blocking, its Popen in a thread.
     async def echo(stream: Any) -> None:
         async for data in stream:
             await stream.send_all(data)
@@ -313,7 +313,7 @@ def test_runs_in_two_threads_at_once_each_report_their_own(detector: Collector) 
 
 def test_the_entry_queue_lock_held_by_a_worker_thread_is_not_reported(detector: Collector) -> None:
     # trio's worker threads hand results back through the run's entry queue, under its lock: the run
-    # loop waiting a moment for it is trio's own synchronisation (internals.HARMLESS). Held here by a
+    # loop waiting a moment for it is trio's own synchronisation (harmless.HARMLESS). Held here by a
     # thread of the test's, through trio's private attribute, so that the task's run_sync_soon waits.
     release = threading.Event()
 
