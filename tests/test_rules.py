@@ -36,7 +36,10 @@ def test_the_hook_compiles_each_rules_checks() -> None:
     state.started = state.active = True
     try:
         hook.rebuild()
-        table = hook.audit_hook.__defaults__[0].__self__  # type: ignore[index]
+        # (The table's `get`, bound as the hook's `_lookup` default: read by name, not position.)
+        code, given = hook.audit_hook.__code__, hook.audit_hook.__defaults__ or ()
+        names = code.co_varnames[code.co_argcount - len(given) : code.co_argcount]
+        table = dict(zip(names, given, strict=True))["_lookup"].__self__
         assert table["time.sleep"].condition is rules.CONDITION_CHECKS["time.sleep"]
         assert table["time.sleep"].raises is rules.RAISE_CHECKS["time.sleep"]
         assert table["os.stat"].condition is None and table["os.stat"].raises is None
