@@ -1410,7 +1410,10 @@ def test_a_late_looks_sample_is_the_stack_the_loop_had_at_the_look(
                     loop_thread.run_on()
                 return (0.0, 60)  # woke every switch interval: waiting for the GIL
 
+        asked: list[object] = []
+
         def queued(watch: object) -> float | None:
+            asked.append(watch)
             if read == "queued":
                 loop_thread.run_on()
             return None
@@ -1422,6 +1425,12 @@ def test_a_late_looks_sample_is_the_stack_the_loop_had_at_the_look(
         looks.at(100.000, 1.000, base)
         looks.dog._due, looks.dog._proc_ran, looks.dog._kept_read = 100.004, 0.3005, False
         assert looks.at(100.300, 1.2995, innermost)
+        if read == "queued":
+            # The loop thread's wait for a CPU is read only where its clock
+            # stood still (_stacks.sample): not for a held step, whose clock
+            # ran. Run on as a read would have, after the look.
+            assert asked == []
+            loop_thread.run_on()
         assert loop_thread.moved.is_set()  # (the read ran the loop on)
         assert looks.step.held and looks.step.stalled
         [stack] = looks.step.samples
@@ -1763,3 +1772,24 @@ def test_an_io_event_ends_no_later_than_a_later_step_is_known_to_run(rec: Record
     group.ident, group.t_first, group.t_end = a.f_back, 100.0015, 100.052  # (t_end: its delivery's time)
     _delivery._take_stall_of(group, looks.watch)
     assert group.t_end == near(100.0502)
+
+
+def test_a_samples_wait_for_a_cpu_is_read_only_where_its_clock_stood_still(rec: Recorded) -> None:
+    """The read lets go of the GIL, which a loop thread spinning in Python then keeps for a switch interval:
+    a working sample (its clock moved) does without it; one whose clock stood still reads it, and counts
+    its thread's wait for a CPU as work from the next such sample on."""
+    s = step(100.000, 100.010, 100.010, 1.000, 1.010, 1.010)
+    reads: list[float] = []
+    told = iter((0.100, 0.109, 0.110))
+
+    def queued() -> float | None:
+        reads.append(next(told))
+        return reads[-1]
+
+    stack = ((step.__code__, 0),)
+    _stacks.sample(s, stack, 100.020, 1.020, queued)  # 10 ms of CPU in 10 ms: working, no read
+    assert reads == [] and s.sample_queued is None and not s.waiting
+    _stacks.sample(s, stack, 100.030, 1.0201, queued)  # the clock stood still: read; no earlier reading
+    assert reads == [0.100] and s.waiting == {stack: 1}
+    _stacks.sample(s, stack, 100.040, 1.0202, queued)  # still again, 9 ms of it queued: a starved spin
+    assert reads == [0.100, 0.109] and s.waiting == {stack: 1}

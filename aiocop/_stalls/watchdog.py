@@ -658,13 +658,14 @@ class Watchdog:
     def _sample(self, watch: LoopWatch, step: Step, innermost: FrameType, now: float, cpu: float | None) -> None:
         # One sample of the stack the look saw: walked before anything lets
         # go of the GIL, or walked already by a late look (_held), and the
-        # loop thread's wait for a CPU (an os.pread) read only after.
+        # loop thread's wait for a CPU (an os.pread) read only after, and
+        # only if its CPU clock stood still (_stacks.sample).
         step.next_sample = now + sampling.interval_ms / 1000.0
         if _stacks.full(step):
             return
         walked = self._walked
         stack = walked[1] if walked is not None and walked[0] is innermost else _stacks.stack_of(innermost, step.root)
-        _stacks.sample(step, stack, now, cpu, _queued(watch))
+        _stacks.sample(step, stack, now, cpu, lambda: _queued(watch))
 
     def _stalled(self, watch: LoopWatch, step: Step, innermost: FrameType, now: float, age: float, held: bool) -> None:
         # A look saw `step` running for the threshold: a stall, and a hang while it runs past hang_after_ms.
