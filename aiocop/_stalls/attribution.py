@@ -75,11 +75,15 @@ class StalledTask:
     monitored: bool
 
     @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop | None, root: FrameType | None) -> StalledTask:
-        """The task of `loop` whose coroutine runs in `root`, as it is now."""
+    def of(cls, loop: asyncio.AbstractEventLoop | None, root: FrameType | None, seen: Any = None) -> StalledTask:
+        """The task of `loop` whose coroutine runs in `root`, as it is now.
+
+        `seen`: the task `running_task` found the step in, as the look walked
+        it; it may be done by now (see there).
+        """
         if is_run(loop):
             return cls._of_trio(loop, root)
-        task = _find_task(loop, root)
+        task = seen if seen is not None else _find_task(loop, root)
         context = _context_of(task)
         if task is None:
             return cls(None, context, True)  # a plain callback: always watched
@@ -117,6 +121,29 @@ def _context_of(task: Any) -> contextvars.Context:
         if type(referent) is contextvars.Context:
             return referent.copy()
     return contextvars.Context()
+
+
+def running_task(loop: object, root: FrameType) -> Any:
+    """The asyncio task stepping in `root` on `loop` at this moment, or None.
+
+    Read as a look walks the step, before anything lets the GIL go: a look
+    that waited on a C call's hold (json.dumps, a regex) reads the loop
+    thread's scheduling (os.pread) after the walk, and the thread, handed
+    the GIL back, can finish its step and its task meanwhile. A finished task
+    is in no task list any more (`_find_task`), and the stall was reported
+    with no task, one time in three on a busy machine. One dict look-up
+    (the loop's current task), checked against the step's frame: a task
+    that has since moved on to another step, or a plain callback, is not it.
+    """
+    if loop is None or is_run(loop):
+        return None
+    try:
+        task = asyncio.current_task(loop)  # type: ignore[arg-type]
+    except Exception:  # a loop asyncio does not know how to ask
+        return None
+    if task is None or getattr(task.get_coro(), "cr_frame", None) is not root:
+        return None
+    return task
 
 
 def _find_task(loop: asyncio.AbstractEventLoop | None, root: FrameType | None) -> Any:

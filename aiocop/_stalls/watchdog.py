@@ -600,6 +600,8 @@ class Watchdog:
         # `frame` comes from, read together (estimates divide one by the
         # other, so a skew between them would show up as speed).
         found = _stacks.step_of(frame, watch, now)
+        # (Its task read with it, before _held's read lets go of the GIL.)
+        seen_task = _attribution.running_task(watch.loop, found[1]) if found is not None else None
         step: Step | None = watch.step
         self._walked = None
         # Where nothing of the step it found has run yet (at its entry), a
@@ -637,7 +639,7 @@ class Watchdog:
                 # (sampling, request keys) have been left. Armed steps only:
                 # one that ends before any look sees it past the threshold
                 # can still be one (see _finish).
-                step.task = _attribution.StalledTask.of(watch.loop, root)
+                step.task = _attribution.StalledTask.of(watch.loop, root, seen_task)
             if now >= step.next_sample:
                 self._sample(watch, step, innermost, now, cpu)
         self._walked = None  # (keeps no frame of the loop's alive until the next look)
