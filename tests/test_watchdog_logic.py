@@ -1507,6 +1507,50 @@ def test_a_held_step_names_its_task_though_the_task_ended_during_the_look(rec: R
         assert stalled is not None and stalled.task is held.task
 
 
+@pytest.mark.parametrize("held_s", [0.0, 0.380])
+def test_a_look_kept_out_as_it_ends_is_followed_at_once(monkeypatch: pytest.MonkeyPatch, held_s: float) -> None:
+    """The end of a look reads the watchdog's schedstat (Own.mark), which lets go of the GIL. A loop thread
+    that took it and ran a C call holding it (a 380 ms sum(range(...))) kept the watchdog out to the
+    call's end: the next look, due a few milliseconds after the first, is then made at once, late, and
+    finds the step at the line after the call. Slept for first, it let the loop finish the step unseen
+    between two looks that both found the loop idle: a stall missed once in forty (issue 37)."""
+    clock = [100.0]
+    monkeypatch.setattr(_watchdog, "perf_counter", lambda: clock[0])
+    dog = _watchdog.Watchdog()  # (its thread is never started: its loop runs here)
+    me = threading.current_thread()
+    dog._thread = me
+    looks: list[tuple[float, float]] = []
+
+    def poll() -> tuple[bool, bool]:
+        looks.append((clock[0], dog._due))
+        if len(looks) == 2:
+            dog._thread = None  # (the second look ends the run)
+        return False, False
+
+    class Own:
+        def mark(self) -> None:
+            clock[0] += held_s  # the read waited that long for the GIL
+
+    slept: list[float] = []
+
+    def acquire(lock: object, blocking: bool, timeout: float) -> bool:
+        slept.append(timeout)
+        clock[0] += timeout
+        return False
+
+    monkeypatch.setattr(dog, "poll", poll)
+    monkeypatch.setattr(dog, "_next_interval", lambda busy, active: 0.004)
+    monkeypatch.setattr(_watchdog, "_acquire", acquire)
+    monkeypatch.setattr(_loops, "watches", {1: watch_of()})
+    dog._loop(me, Own())  # type: ignore[arg-type]
+    [(_, _), (second, due)] = looks
+    assert due == near(100.004)  # due from the first look's end, whatever kept the watchdog out after it
+    if held_s:
+        assert slept[:1] == [] and second == near(100.380)  # made at once, late by the hold
+    else:
+        assert slept[:1] == [near(0.004)] and second == near(100.004)
+
+
 # --- how long the watchdog sleeps between looks (issue 39) ----------------------------------------
 
 

@@ -345,6 +345,7 @@ class Watchdog:
                 busy, active = False, False
             self.polls += 1  # only this thread writes both, in this order (see sync)
             self._polling = False
+            ended = perf_counter()  # (before the reads below that let go of the GIL: see the sleep)
             if not (_loops.watches or _loops.retired):  # (a loop runs: nothing more to check, the usual case)
                 if self._idle_for_long() and self._leave_if_idle(me):
                     return
@@ -358,9 +359,20 @@ class Watchdog:
             if self._tick_due:
                 interval = min(interval, max(self._tick_due - perf_counter(), 0.0) + _TICK_LATE_S)
                 self._tick_due = 0.0
+            self._due = ended + interval
             own.mark()
-            self._due = perf_counter() + interval
-            _acquire(self._waker, True, interval)
+            # That read (os.pread), and _next_interval's of a C loop's wait,
+            # let go of the GIL. A loop's thread that took it and began a C
+            # call that holds it (json.dumps, a regex) kept this thread out
+            # until the call returned: the loop's thread now waits for the
+            # GIL at the line after the call, and a sleep here let it finish
+            # its step unseen, between two looks that both found the loop
+            # idle (a 380 ms stall missed once in about forty, asyncio, load
+            # 3-4). The look is then overdue, and made at once: it finds the
+            # step at that line, late (_held).
+            remaining = self._due - perf_counter()
+            if remaining > 0.0:
+                _acquire(self._waker, True, remaining)
         # stop() right after a loop's last step: finish that step, whose stall
         # stop() then delivers (drain), rather than leave it in the queue.
         try:
