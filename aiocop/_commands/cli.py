@@ -138,13 +138,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         help="run the loops the program creates without a loop factory (asyncio.run(), asyncio.Runner, "
         "asyncio.new_event_loop()) on uvloop",
     )
-    run.add_argument(
-        "--threshold-ms",
-        type=_positive(float, MAX_THRESHOLD_MS),
-        metavar="MS",
-        help=f"a step holding its loop this long is a stall (default: {DEFAULT_THRESHOLD_MS:g}, or threshold_ms "
-        "in [tool.aiocop])",
-    )
+    _add_threshold(run, ", or threshold_ms in [tool.aiocop]")
     run.add_argument(
         "--no-watchdog", action="store_true", help="intercepted calls only: do not look for CPU-bound stalls"
     )
@@ -154,17 +148,9 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         metavar="N",
         help=f"frames kept per call (default: {DEFAULT_TRACE_DEPTH}, or trace_depth in [tool.aiocop])",
     )
-    run.add_argument(
-        "--json", metavar="FILE", help="also write the summary, with one example trace per call site, as JSON"
-    )
+    _add_json(run, "the summary, with one example trace per call site,")
     _add_picture_files(run)
-    run.add_argument(
-        "--fail-on",
-        choices=LEVELS,
-        metavar="IMPACT",
-        help=f"exit with status {EXIT_FAIL_ON} if a call site reached this impact (low, medium or high; "
-        "default: fail_on in [tool.aiocop], else never)",
-    )
+    _add_fail_on(run, "; default: fail_on in [tool.aiocop], else never")
     run.add_argument(
         "--config",
         metavar="FILE",
@@ -204,15 +190,13 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         metavar="FILE",
         help="record every call site this run reports in FILE, as the baseline later runs compare with",
     )
-    run.add_argument(
-        "--hang-after-ms",
-        type=_hang_after,
-        metavar="MS",
-        help=f"print a loop still stuck in one step after this long, while it is stuck, with its stack; 0: off, "
+    _add_hang_after(
+        run,
+        f"print a loop still stuck in one step after this long, while it is stuck, with its stack; 0: off, "
         f"at most a day (default: {DEFAULT_HANG_AFTER_MS:g}, or hang_after_ms in [tool.aiocop]); on SIGTERM, the "
         "report shows hung loops first",
     )
-    run.add_argument("--top", type=_positive(int), default=20, metavar="N", help="rows shown (default: 20)")
+    _add_top(run)
     run.add_argument("-v", "--verbose", action="store_true", help="also print each event as it is reported")
     run.add_argument("-m", dest="module", metavar="module", help="run a library module as a script, like python -m")
     _add_attach(commands)
@@ -260,30 +244,51 @@ def _add_attach(commands: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="how long to watch (default: 10; at most a day)",
     )
-    attach.add_argument(
+    _add_threshold(attach, "; a target running aiocop already keeps its own")
+    _add_hang_after(
+        attach,
+        "report a loop stuck in one step this long as hung, with its stack, in the report and --html; 0: "
+        "off (default: 5000, or half of --seconds if less); a target running aiocop's watchdog keeps its own",
+    )
+    _add_json(attach, "the report")
+    _add_picture_files(attach)
+    _add_fail_on(attach, "")
+    _add_top(attach)
+    return attach
+
+
+# The options `run` and `attach` share: one definition each (flag, type and its checks, metavar), the part of
+# the help that differs between the two commands (their defaults come from different places) passed in.
+
+
+def _add_threshold(parser: argparse.ArgumentParser, after_default: str) -> None:
+    parser.add_argument(
         "--threshold-ms",
         type=_positive(float, MAX_THRESHOLD_MS),
         metavar="MS",
-        help=f"a step holding its loop this long is a stall (default: {DEFAULT_THRESHOLD_MS:g}; a target "
-        "running aiocop already keeps its own)",
+        help=f"a step holding its loop this long is a stall (default: {DEFAULT_THRESHOLD_MS:g}{after_default})",
     )
-    attach.add_argument(
-        "--hang-after-ms",
-        type=_hang_after,
-        metavar="MS",
-        help="report a loop stuck in one step this long as hung, with its stack, in the report and --html; 0: "
-        "off (default: 5000, or half of --seconds if less); a target running aiocop's watchdog keeps its own",
-    )
-    attach.add_argument("--json", metavar="FILE", help="also write the report as JSON")
-    _add_picture_files(attach)
-    attach.add_argument(
+
+
+def _add_hang_after(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("--hang-after-ms", type=_hang_after, metavar="MS", help=help_text)
+
+
+def _add_json(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--json", metavar="FILE", help=f"also write {what} as JSON")
+
+
+def _add_fail_on(parser: argparse.ArgumentParser, default_note: str) -> None:
+    parser.add_argument(
         "--fail-on",
         choices=LEVELS,
         metavar="IMPACT",
-        help=f"exit with status {EXIT_FAIL_ON} if a call site reached this impact (low, medium or high)",
+        help=f"exit with status {EXIT_FAIL_ON} if a call site reached this impact (low, medium or high{default_note})",
     )
-    attach.add_argument("--top", type=_positive(int), default=20, metavar="N", help="rows shown (default: 20)")
-    return attach
+
+
+def _add_top(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--top", type=_positive(int), default=20, metavar="N", help="rows shown (default: 20)")
 
 
 def attach_parser() -> argparse.ArgumentParser:
