@@ -47,7 +47,7 @@ def armed():
     if mode != "aiocop":
         return "-"
     from aiocop._interception import loops
-    return str(any(w.armed for w in loops.watches.values()))
+    return str(any(w.watchdog.armed for w in loops.watches.values()))
 
 def fib(n):
     return n if n < 2 else fib(n - 1) + fib(n - 2)

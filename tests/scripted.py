@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiocop._interception.loops import LoopWatch
+from aiocop._stalls.state import LoopState
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -57,6 +58,9 @@ class ScriptedWatch(LoopWatch):
     def __init__(self, loop: object, base_frame: FrameType | None = None) -> None:
         super().__init__(loop, base_frame)  # type: ignore[arg-type]
         self.cpu_now: float | None = 0.0
+        # The watchdog's state of the loop, whatever factory the loops' tracking holds (none unless
+        # detection was started in this process).
+        self.watchdog: LoopState = LoopState()
 
     def cpu_time(self) -> float | None:
         return self.cpu_now

@@ -74,6 +74,7 @@ LAYERS: list[dict[str, list[str]]] = [
             "aiocop._stalls.probe",
             "aiocop._stalls.culprit",
             "aiocop._stalls.sink",
+            "aiocop._stalls.state",
         ]
     },
     {

@@ -89,7 +89,7 @@ def gone_quiet(loop: asyncio.AbstractEventLoop) -> bool:
     watch = watch_of(loop)
     if watch is None or not watchdog._sleeping_long:
         return False
-    return watch.tripwire is not None if armable(loop) else True
+    return watch.watchdog.tripwire is not None if armable(loop) else True
 
 
 async def stall_after_quiet(stall_s: float = STALL_S) -> tuple[bool, bool, bool]:
@@ -106,7 +106,7 @@ async def stall_after_quiet(stall_s: float = STALL_S) -> tuple[bool, bool, bool]
         # Once the watchdog is quiet (the loop armed), and the loop back in its selector.
         quiet = when(lambda: gone_quiet(loop))
         watch = watch_of(loop)
-        seen.append((quiet, watch is not None and watch.armed))
+        seen.append((quiet, watch is not None and watch.watchdog.armed))
         time.sleep(0.2)
         loop.call_soon_threadsafe(request)
 
@@ -233,7 +233,7 @@ def test_arming_leaves_other_threads_and_a_forked_child_uninstrumented(quiet_wat
     thread.start()
     try:
         assert when(lambda: gone_quiet(loop)), "the loop was never armed"
-        assert watch_of(loop).armed  # type: ignore[union-attr]
+        assert watch_of(loop).watchdog.armed  # type: ignore[union-attr]
         plain(1)
         assert instrumented(plain) == before
         assert sys.getprofile() is None
@@ -253,7 +253,7 @@ def test_arming_leaves_other_threads_and_a_forked_child_uninstrumented(quiet_wat
             told = pipe.read().decode()
         os.waitpid(pid, 0)
         assert told == "clean"
-        assert watch_of(loop).armed  # type: ignore[union-attr]
+        assert watch_of(loop).watchdog.armed  # type: ignore[union-attr]
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
@@ -299,7 +299,9 @@ def test_a_failing_tripwire_never_reaches_the_application(
         assert when(lambda: gone_quiet(loop)), "the loop was never armed"
         time.sleep(0.2)
         loop.call_soon_threadsafe(namespace["handler"], ran)
-        assert when(lambda: getattr(watch_of(loop), "unarmable", False)), "the failure was not caught"
+        assert when(lambda: getattr(getattr(watch_of(loop), "watchdog", None), "unarmable", False)), (
+            "the failure was not caught"
+        )
         assert when(lambda: ran == [1])
     finally:
         loop.call_soon_threadsafe(loop.stop)
@@ -332,13 +334,13 @@ def test_a_step_whose_module_name_is_no_string_trips_the_tripwire(quiet_watchdog
         loop.call_soon_threadsafe(namespace["handler"], ran)
         assert when(lambda: ran == [1])
         # (Tripped: noted when; armed again a look or two later, the loop being quiet.)
-        assert when(lambda: watch.tripped > 0.0), "the tripwire did not trip"
+        assert when(lambda: watch.watchdog.tripped > 0.0), "the tripwire did not trip"
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
     assert errors == []
-    assert not watch.unarmable, "the tripwire failed on it"
+    assert not watch.watchdog.unarmable, "the tripwire failed on it"
 
 
 def test_frame_kind_takes_any_module_name() -> None:
@@ -371,13 +373,13 @@ def test_a_tripwire_removed_behind_its_back_is_set_again(detector: Collector) ->
         assert when(lambda: gone_quiet(loop)), "the loop was never armed"
         watch = watch_of(loop)
         assert watch is not None
-        first = watch.tripwire
+        first = watch.watchdog.tripwire
         time.sleep(0.2)
         loop.call_soon_threadsafe(namespace["remove"], loop, _tripwire.PROFILE)
         time.sleep(0.2)
-        assert not watch.tripped, "the removal tripped the tripwire: the test shows nothing"
+        assert not watch.watchdog.tripped, "the removal tripped the tripwire: the test shows nothing"
         loop.call_soon_threadsafe(stalls.spin, 0.3)  # a step, seen by the watchdog's next look
-        assert when(lambda: watch.tripwire is not first and watch.armed), "never armed again"
+        assert when(lambda: watch.watchdog.tripwire is not first and watch.watchdog.armed), "never armed again"
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
@@ -398,8 +400,8 @@ def test_a_loop_whose_thread_has_a_profile_function_keeps_it(quiet_watchdog: Col
     def asked(loop: asyncio.AbstractEventLoop) -> bool:
         watch = watch_of(loop)
         if _tripwire.PROFILE:
-            return watch is not None and watch.unarmable
-        return watch is not None and watch.tripwire is not None
+            return watch is not None and watch.watchdog.unarmable
+        return watch is not None and watch.watchdog.tripwire is not None
 
     async def main() -> tuple[bool, object]:
         loop = asyncio.get_running_loop()
@@ -446,11 +448,11 @@ def test_a_loop_whose_thread_has_a_trace_function_is_armed(quiet_watchdog: Colle
         assert when(lambda: gone_quiet(loop)), "the loop was never armed"
         watch = watch_of(loop)
         assert watch is not None
-        assert watch.armed
+        assert watch.watchdog.armed
         time.sleep(0.2)
         loop.call_soon_threadsafe(handler)
         assert when(lambda: "return" in lines)
-        assert when(lambda: watch.tripped > 0.0)
+        assert when(lambda: watch.watchdog.tripped > 0.0)
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()

@@ -95,7 +95,7 @@ def test_another_systems_or_machines_threads_are_never_planned_for(monkeypatch: 
 def _read(loop: asyncio.AbstractEventLoop) -> bool:
     # The watchdog has read the loop's wait (a look or two after it went idle).
     watch = next((w for w in _loops.watches.values() if w.loop is loop), None)
-    return watch is not None and watch.wait is not None and watch.wait.latest is not None
+    return watch is not None and watch.watchdog.wait is not None and watch.watchdog.wait.latest is not None
 
 
 @dataclasses.dataclass
@@ -156,7 +156,7 @@ async def wait_as_the_timer_ends() -> Timed:
         # a second of quiet), its end planned for.
         await asyncio.sleep(1.0)
         # The wait the watchdog read (none is read while the loop runs a step).
-        wait = watch.wait
+        wait = watch.watchdog.wait
         timed.planned = wait.earliest if wait is not None else None
         start = time.perf_counter()
         timed.late_s = start - wait.latest if wait is not None and wait.latest is not None else 0.0

@@ -345,7 +345,7 @@ def tick_began() -> float:
     """
     from aiocop._interception import loops as _loops
 
-    started = _loops.watches[threading.get_ident()].probe_started
+    started = _loops.watches[threading.get_ident()].watchdog.probe_started
     assert started is not None
     return started[0]
 

@@ -105,7 +105,7 @@ class Looks:
 
     @property
     def step(self) -> Step:
-        step = self.watch.step
+        step = self.watch.watchdog.step
         assert step is not None
         return step
 
@@ -327,51 +327,55 @@ def test_remember_idle(rec: Recorded) -> None:
     """An idle look notes when and at what CPU; `last_ran` is the gap in which the thread last ran."""
     watch = watch_of()
     _timing.remember_idle(watch, 100.0, 1.0, 99.9)
-    assert (watch.idle_t, watch.idle_cpu, watch.last_ran) == (100.0, 1.0, None)  # first seen: wait start unknown
+    assert (watch.watchdog.idle_t, watch.watchdog.idle_cpu, watch.watchdog.last_ran) == (
+        100.0,
+        1.0,
+        None,
+    )  # first seen: wait start unknown
     _timing.remember_idle(watch, 100.1, 1.002, 100.0)
-    assert watch.last_ran == (100.0, 100.1)  # it ran between these looks, and waits again
+    assert watch.watchdog.last_ran == (100.0, 100.1)  # it ran between these looks, and waits again
     _timing.remember_idle(watch, 100.2, 1.002, 100.1)
-    assert watch.last_ran == (100.0, 100.1)  # still in that wait
+    assert watch.watchdog.last_ran == (100.0, 100.1)  # still in that wait
     _timing.remember_idle(watch, 100.3, None, 100.2)
-    assert watch.last_ran is None
+    assert watch.watchdog.last_ran is None
 
 
 def test_last_other(rec: Recorded) -> None:
     """What a new step is timed from: the heartbeat's run, else the previous step's last look, else the idle look."""
     watch = watch_of()
     prev = step(100.0, 100.01, 100.05, 1.0, 1.01, 1.05)
-    watch.beat_done = 100.052
+    watch.watchdog.beat_done = 100.052
     assert _timing.last_other(watch, prev, True, 100.06) == (100.052, 1.05)
     assert _timing.last_other(watch, prev, False, 100.06) == (100.05, 1.05)
-    watch.idle_t, watch.idle_cpu = 100.04, 1.04
+    watch.watchdog.idle_t, watch.watchdog.idle_cpu = 100.04, 1.04
     assert _timing.last_other(watch, None, False, 100.06) == (100.04, 1.04)
-    watch.idle_t = 0.0
+    watch.watchdog.idle_t = 0.0
     assert _timing.last_other(watch, None, False, 100.3) == (near(100.2), None)  # an idle interval back, guessed
 
 
 def test_last_seen(rec: Recorded) -> None:
     watch = watch_of()
-    watch.idle_t, watch.idle_cpu = 100.0, 1.0
+    watch.watchdog.idle_t, watch.watchdog.idle_cpu = 100.0, 1.0
     assert _timing.last_seen(watch) == (100.0, 1.0)
-    watch.step = step(100.0, 100.01, 100.05, 1.0, 1.01, 1.05)
+    watch.watchdog.step = step(100.0, 100.01, 100.05, 1.0, 1.01, 1.05)
     assert _timing.last_seen(watch) == (100.05, 1.05)
 
 
 def test_loop_came_back_once_per_heartbeat(rec: Recorded) -> None:
     """The heartbeat posted in a step has run: the loop iterated. True once, then the heartbeat is spent."""
     watch = watch_of()
-    watch.beat_posted = 100.01
+    watch.watchdog.beat_posted = 100.01
     assert not _timing.loop_came_back(watch)
-    watch.beat_done = 100.02
+    watch.watchdog.beat_done = 100.02
     assert _timing.loop_came_back(watch)
-    assert watch.beat_posted == 0.0
+    assert watch.watchdog.beat_posted == 0.0
     assert not _timing.loop_came_back(watch)
 
 
 def test_tripped_at_window(rec: Recorded) -> None:
     """The tripwire's wake-up counts only inside (idle look, this look]."""
     watch = watch_of()
-    watch.tripped = 100.3
+    watch.watchdog.tripped = 100.3
     assert _timing.tripped_at(watch, 100.0, 100.4) == 100.3
     assert _timing.tripped_at(watch, 100.0, 100.3) == 100.3
     assert _timing.tripped_at(watch, 100.3, 100.4) == 0.0  # before the idle look: an earlier wake-up
@@ -401,14 +405,14 @@ def test_all_quiet(rec: Recorded, monkeypatch: pytest.MonkeyPatch) -> None:
     """The cheap look: nothing can have started if no loop thread's CPU clock moved (and none is in a step)."""
     monkeypatch.setattr(_timing, "perf_counter", lambda: 100.5)
     watch = watch_of()
-    watch.idle_t, watch.idle_cpu, watch.cpu_now = 100.0, 1.0, 1.0
+    watch.watchdog.idle_t, watch.watchdog.idle_cpu, watch.cpu_now = 100.0, 1.0, 1.0
     assert _timing.all_quiet({1: watch})
-    assert watch.idle_t == 100.5  # a step starting after this began after it
+    assert watch.watchdog.idle_t == 100.5  # a step starting after this began after it
     watch.cpu_now = 1.0000001
     assert not _timing.all_quiet({1: watch})
-    watch.cpu_now, watch.own = 1.0, True  # in the probe's tick: it may be holding the loop
+    watch.cpu_now, watch.watchdog.own = 1.0, True  # in the probe's tick: it may be holding the loop
     assert not _timing.all_quiet({1: watch})
-    watch.own, watch.idle_cpu = False, None
+    watch.watchdog.own, watch.watchdog.idle_cpu = False, None
     assert not _timing.all_quiet({1: watch})
 
 
@@ -438,13 +442,13 @@ def test_look_sequence_cpu_bound_stall(rec: Recorded, frames: Frames) -> None:
     assert s.stalled and sum(s.samples.values()) == 2
     assert not rec.stalls
     assert not looks.at(100.050, 1.045, frames.idle)
-    assert looks.watch.step is None
+    assert looks.watch.watchdog.step is None
     [stall] = rec.stalls
     assert (stall.start, stall.end) == (near(100.002), near(100.047))
     assert not stall.waiting
     assert stall.ident is a.f_back and stall.seen_until == 100.040
     assert stall.samples == [(((a.f_code, a.f_lasti),), 2)]
-    assert looks.watch.last_ran == (100.040, 100.050)  # it ran since the look before, and waits again
+    assert looks.watch.watchdog.last_ran == (100.040, 100.050)  # it ran since the look before, and waits again
     assert not rec.hangs
 
 
@@ -595,7 +599,7 @@ def test_first_step_after_a_quiet_spell_is_timed_from_the_wake_up(rec: Recorded,
     a = frames.steps[0]
     looks.at(100.000, 1.000, frames.idle)
     if how == "tripwire":
-        looks.watch.tripped = 100.300
+        looks.watch.watchdog.tripped = 100.300
     looks.at(100.400, 1.0004, a)
     s = looks.step
     assert s.woke and s.t_prev == near(100.300)
@@ -614,11 +618,11 @@ def test_first_step_without_a_wake_up_is_timed_from_its_sighting(rec: Recorded, 
 def test_new_step_disarms_a_tripwire_that_did_not_trip(rec: Recorded, frames: Frames) -> None:
     """A step seen while the loop is still marked armed: the tripwire missed it, is not trusted again."""
     looks = Looks()
-    looks.watch.armed = True
+    looks.watch.watchdog.armed = True
     looks.at(100.000, 1.000, frames.idle)
-    assert looks.watch.armed
+    assert looks.watch.watchdog.armed
     looks.at(100.010, 1.001, frames.steps[0])
-    assert not looks.watch.armed
+    assert not looks.watch.watchdog.armed
 
 
 # --- hangs: the watchdog's decision and the reporter's state machine -------------------------
@@ -751,7 +755,7 @@ def test_stall_goes_to_its_io_event_once(rec: Recorded, frames: Frames, monkeypa
     # Its io event delivered before this look: the window covers the stall's middle, the same step.
     b = frames.steps[1]
     hang_script(looks, frames, [0.25], t0=101.0)  # (a's frame again: a new step, the watch was idle)
-    looks.watch.delivered(looks.step.ident, 100.9, 101.4)
+    looks.watch.watchdog.delivered(looks.step.ident, 100.9, 101.4)
     looks.at(101.5, 1.0, b)
     assert len(taken) == 1 and not rec.stalls
 
@@ -779,7 +783,7 @@ def test_c_loop_step_needs_its_heartbeat_to_be_a_stall(rec: Recorded) -> None:
     loop = StubLoop(running=False)
     looks = Looks(watch_of(loop, base))
     looks.at(100.000, 1.000, base)  # only the frame that called into the loop: idle
-    assert looks.watch.step is None
+    assert looks.watch.watchdog.step is None
     for k in range(1, 12):
         looks.at(100.0 + k * 0.25, 1.0, inner)
     assert looks.step.ident is inner  # the root is the identity
@@ -794,17 +798,17 @@ def test_c_loop_heartbeat_splits_steps_sharing_a_root(rec: Recorded) -> None:
     looks = Looks(watch_of(loop, base))
     looks.at(100.000, 1.000, base)
     looks.at(100.010, 1.010, inner)
-    assert len(loop.calls) == 1 and looks.watch.beat_posted == 100.010  # posted at the first sighting
+    assert len(loop.calls) == 1 and looks.watch.watchdog.beat_posted == 100.010  # posted at the first sighting
     looks.at(100.050, 1.050, inner)
     first = looks.step
     assert first.stalled  # proven: the heartbeat has not run
-    looks.watch.beat_done = 100.052  # (what the posted callback does on the loop's thread)
+    looks.watch.watchdog.beat_done = 100.052  # (what the posted callback does on the loop's thread)
     looks.at(100.060, 1.055, inner)
     [stall] = rec.stalls
     assert (stall.start, stall.end) == (near(100.000), near(100.052))  # not 100.055, its CPU estimate
     second = looks.step
     assert second is not first and (second.t_prev, second.cpu_prev) == (100.052, 1.050)
-    assert len(loop.calls) == 2 and looks.watch.beat_posted == 100.060
+    assert len(loop.calls) == 2 and looks.watch.watchdog.beat_posted == 100.060
 
 
 def test_hang_report_content(rec: Recorded, frames: Frames, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -879,11 +883,11 @@ def test_blocked_by_loop(rec: Recorded, monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(_loops, "watches", {1: watch})
     key = ("tests.scripted.StubLoop", watch.thread_name)
     assert _hangs.blocked_by_loop() == {key: 0.0}
-    watch.step = step(99.0, 100.0, 104.0, 1.0, 1.0, 1.0)
+    watch.watchdog.step = step(99.0, 100.0, 104.0, 1.0, 1.0, 1.0)
     assert _hangs.blocked_by_loop() == {key: 0.0}  # not a stall (yet)
-    watch.step.stalled = True
+    watch.watchdog.step.stalled = True
     assert _hangs.blocked_by_loop() == {key: near(5.5)}
-    watch.step.merged = True
+    watch.watchdog.step.merged = True
     assert _hangs.blocked_by_loop() == {key: 0.0}
 
 
@@ -894,25 +898,25 @@ def test_in_place_and_guards(rec: Recorded) -> None:
     """An armed loop is guarded only once its tripwire is in place and a look has seen it idle since."""
     watch = watch_of()
     assert _tripwire.in_place(watch) and not _tripwire.guards(watch)  # not armed: nothing to wait for
-    watch.armed = True
+    watch.watchdog.armed = True
     assert not _tripwire.in_place(watch)  # the arming callback has not run yet
-    watch.tripwire_set = 100.0
-    watch.idle_t = 99.9
+    watch.watchdog.tripwire_set = 100.0
+    watch.watchdog.idle_t = 99.9
     assert not _tripwire.in_place(watch)  # no idle look since: a step may have begun before it was set
-    watch.idle_t = 100.0
+    watch.watchdog.idle_t = 100.0
     assert not _tripwire.in_place(watch)  # (strictly after)
-    watch.idle_t = 100.1
+    watch.watchdog.idle_t = 100.1
     assert _tripwire.in_place(watch) and _tripwire.guards(watch)
 
 
 def test_step_seen_disarms_except_in_aiocops_own_callback(rec: Recorded) -> None:
     watch = watch_of()
-    watch.armed, watch.own = True, True
+    watch.watchdog.armed, watch.watchdog.own = True, True
     _tripwire.step_seen(watch)
-    assert watch.armed  # the probe's tick: no step of the loop's
-    watch.own = False
+    assert watch.watchdog.armed  # the probe's tick: no step of the loop's
+    watch.watchdog.own = False
     _tripwire.step_seen(watch)
-    assert not watch.armed
+    assert not watch.watchdog.armed
 
 
 class ArmableLoop(asyncio.SelectorEventLoop):
@@ -946,14 +950,14 @@ def test_arm_decisions(rec: Recorded, armable: ArmableLoop) -> None:
     watch = watch_of(armable)
     woken: list[int] = []
     assert _tripwire.arm(watch, lambda: woken.append(1))
-    assert watch.armed and [c for c, _ in armable.calls] == [_tripwire._install]
+    assert watch.watchdog.armed and [c for c, _ in armable.calls] == [_tripwire._install]
     assert _tripwire.arm(watch, lambda: None) and len(armable.calls) == 1  # idempotent while armed
     stub = watch_of(StubLoop(running=True))
     # A loop that is not asyncio's (written in C): armed with a profile function up to 3.11, never from 3.12.
     assert _tripwire.can_arm(stub) is _tripwire.PROFILE
     idle = watch_of(StubLoop(running=False))
-    assert _tripwire.arm(idle, lambda: None) is _tripwire.PROFILE and not idle.armed
-    watch.unarmable = True
+    assert _tripwire.arm(idle, lambda: None) is _tripwire.PROFILE and not idle.watchdog.armed
+    watch.watchdog.unarmable = True
     assert not _tripwire.can_arm(watch)
 
 
@@ -975,7 +979,7 @@ def test_select_tripwire(rec: Recorded, armable: ArmableLoop, monkeypatch: pytes
     [(install, args)] = armable.calls
     install(*args)  # the arming callback, run "on the loop's thread"
     selector = armable._selector  # type: ignore[attr-defined]
-    assert watch.armed and watch.tripwire_set == 200.0 and "select" in vars(selector)
+    assert watch.watchdog.armed and watch.watchdog.tripwire_set == 200.0 and "select" in vars(selector)
     own = _tripwire.step_seen  # a function of aiocop's tripwire module: its own
     if pending == "own-ready":
         armable.call_soon(own, watch)
@@ -992,9 +996,9 @@ def test_select_tripwire(rec: Recorded, armable: ArmableLoop, monkeypatch: pytes
     monkeypatch.setattr(_tripwire, "perf_counter", lambda: 201.0)
     assert selector.select(0) == []
     trips = pending.startswith(("app-ready", "app-timer-due"))
-    assert watch.armed is not trips
+    assert watch.watchdog.armed is not trips
     assert woken == ([1] if trips else [])
-    assert watch.tripped == (201.0 if trips else 0.0)
+    assert watch.watchdog.tripped == (201.0 if trips else 0.0)
     assert ("select" in vars(selector)) is not trips  # removed as it trips
 
 
@@ -1008,7 +1012,7 @@ class TestProfileTripwire:
         monkeypatch.setattr(_tripwire, "perf_counter", lambda: clock[0])
         monkeypatch.setattr(_tripwire, "thread_time", lambda: clock[1])
         watch = watch_of()
-        watch.armed = True
+        watch.watchdog.armed = True
         woken: list[int] = []
         try:
             assert _tripwire._set_profile(watch, lambda: woken.append(1), 5.0)
@@ -1019,29 +1023,29 @@ class TestProfileTripwire:
     def test_trips_at_the_first_app_frame_after_a_sleep(self, rec: Recorded, frames: Frames, tripwire: Any) -> None:
         watch, clock, woken = tripwire
         loops_own = frames.idle.f_back  # asyncio's _run_once
-        fn = watch.tripwire
+        fn = watch.watchdog.tripwire
         clock[0] += 0.5  # 500 ms off the CPU: the thread slept in its selector
         fn(loops_own, "return", None)
-        assert watch.armed and not woken  # the loop's own frame: it woke, nothing of the app's yet
+        assert watch.watchdog.armed and not woken  # the loop's own frame: it woke, nothing of the app's yet
         clock[0] += 0.001
         clock[1] += 0.001
         fn(frames.steps[0], "call", None)
-        assert not watch.armed and woken == [1]
-        assert watch.tripped == 200.5  # timed from the wake-up, not from this event
+        assert not watch.watchdog.armed and woken == [1]
+        assert watch.watchdog.tripped == 200.5  # timed from the wake-up, not from this event
 
     def test_app_frame_without_a_sleep_does_not_trip(self, rec: Recorded, frames: Frames, tripwire: Any) -> None:
         watch, clock, woken = tripwire
         clock[0] += 0.001
         clock[1] += 0.001  # on its CPU all along: not a wake-up
-        watch.tripwire(frames.steps[0], "call", None)
-        assert watch.armed and not woken
+        watch.watchdog.tripwire(frames.steps[0], "call", None)
+        assert watch.watchdog.armed and not woken
 
     def test_own_callback_passes(self, rec: Recorded, frames: Frames, tripwire: Any) -> None:
         watch, clock, woken = tripwire
         clock[0] += 0.5
-        watch.own = True
-        watch.tripwire(frames.steps[0], "call", None)
-        assert watch.armed and not woken
+        watch.watchdog.own = True
+        watch.watchdog.tripwire(frames.steps[0], "call", None)
+        assert watch.watchdog.armed and not woken
 
     def test_busy_loop_trips_after_max_events(self, rec: Recorded, frames: Frames, tripwire: Any) -> None:
         watch, clock, woken = tripwire
@@ -1049,12 +1053,12 @@ class TestProfileTripwire:
         for _ in range(_tripwire._MAX_EVENTS - 8):
             clock[0] += 0.00001
             clock[1] += 0.00001
-            watch.tripwire(loops_own, "call", None)
-        assert watch.armed
+            watch.watchdog.tripwire(loops_own, "call", None)
+        assert watch.watchdog.armed
         for _ in range(8):
-            watch.tripwire(loops_own, "call", None)
-        assert not watch.armed and woken == [1]
-        assert watch.tripped == clock[0]  # no wake-up seen: tripped now
+            watch.watchdog.tripwire(loops_own, "call", None)
+        assert not watch.watchdog.armed and woken == [1]
+        assert watch.watchdog.tripped == clock[0]  # no wake-up seen: tripped now
 
 
 def test_probe_tick_too_young_is_no_step(rec: Recorded, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1064,10 +1068,10 @@ def test_probe_tick_too_young_is_no_step(rec: Recorded, monkeypatch: pytest.Monk
     monkeypatch.setattr(_stacks, "in_tick", lambda root: root is inner)
     watch = watch_of(None, base)
     looks = Looks(watch)
-    watch.probe_started = (100.000, 1.000)
-    watch.own = True
+    watch.watchdog.probe_started = (100.000, 1.000)
+    watch.watchdog.own = True
     looks.at(100.010, 1.010, inner)  # 10 ms: the probe's own
-    assert watch.step is None and looks.dog._tick_due == near(100.015)
+    assert watch.watchdog.step is None and looks.dog._tick_due == near(100.015)
     looks.at(100.020, 1.020, inner)
     s = looks.step
     assert s.began == 100.000 and s.start() == 100.000 and s.cpu_prev == 1.000
@@ -1257,7 +1261,7 @@ def test_gil_held_step_on_a_loaded_machine_starts_when_the_watchdog_asked(rec: R
     looks = Looks()
     a = frames.steps[0]
     looks.at(100.000, 1.000, frames.idle)
-    looks.watch.tripped = 100.001
+    looks.watch.watchdog.tripped = 100.001
     late_look(looks, 100.100, 100.300, 1.060, 0.061, a)
     looks.at(100.302, 1.0601, frames.idle)
     [stall] = rec.stalls
@@ -1762,11 +1766,11 @@ def test_a_trio_tasks_steps_share_its_frame_and_the_heartbeat_tells_them_apart(r
         here = sys._getframe()
         assert not looks.at(100.000, 1.000, idle)
         assert looks.at(100.010, 1.010, here)
-        assert len(loop.calls) == 1 and looks.watch.beat_posted == 100.010
+        assert len(loop.calls) == 1 and looks.watch.watchdog.beat_posted == 100.010
         looks.at(100.050, 1.050, here)
         seen["first"] = looks.step
         await trio.sleep(0)
-        looks.watch.beat_done = 100.052  # (what the posted callback does on the run's thread)
+        looks.watch.watchdog.beat_done = 100.052  # (what the posted callback does on the run's thread)
         looks.at(100.060, 1.055, sys._getframe())
         seen["second"] = looks.step
 
@@ -1795,8 +1799,8 @@ def test_a_trio_run_is_armed_by_an_instrument_that_trips_as_the_run_wakes(rec: R
         run.running = True
         watch = seen["watch"] = watch_of(run)
         assert _tripwire.can_arm(watch)
-        assert _tripwire.arm(watch, lambda: wakes.append(watch.tripped))
-        assert watch.armed and not wakes
+        assert _tripwire.arm(watch, lambda: wakes.append(watch.watchdog.tripped))
+        assert watch.watchdog.armed and not wakes
         # The entry queue's task runs the arming in a step of its own; the run's next pass through
         # its wait (one with nothing to run, here) comes back and trips it.
         await trio.sleep(0.01)
@@ -1805,8 +1809,12 @@ def test_a_trio_run_is_armed_by_an_instrument_that_trips_as_the_run_wakes(rec: R
 
     trio.run(main)
     watch = seen["watch"]
-    assert watch.tripwire_set > 0 and type(watch.tripwire).__name__ == "_TrioTripwire"
-    assert not watch.armed and wakes == [watch.tripped] and watch.tripped >= watch.tripwire_set
+    assert watch.watchdog.tripwire_set > 0 and type(watch.watchdog.tripwire).__name__ == "_TrioTripwire"
+    assert (
+        not watch.watchdog.armed
+        and wakes == [watch.watchdog.tripped]
+        and watch.watchdog.tripped >= watch.watchdog.tripwire_set
+    )
     assert not seen["left"], "it removed itself: no instrument runs on the run's later passes"
 
 
@@ -1882,7 +1890,7 @@ def test_an_io_event_ends_no_later_than_a_later_step_is_known_to_run(rec: Record
     looks.at(100.0502, 1.0497, b)
     group = StepGroup()
     group.ident, group.t_first, group.t_end = a.f_back, 100.0015, 100.052  # (t_end: its delivery's time)
-    _delivery._take_stall_of(group, looks.watch)
+    _delivery._take_stall_of(group, looks.watch, looks.watch.watchdog)
     assert group.t_end == near(100.0502)
 
 

@@ -40,8 +40,41 @@ if TYPE_CHECKING:
 logger = logging.getLogger("aiocop")
 
 
+class WatchdogState(Protocol):
+    """The watchdog's state of one loop (`_stalls.state.LoopState`), as the tracking tells it of the loop's life.
+
+    The watch holds it (`LoopWatch.watchdog`); what it holds is the watchdog's, which this package may not import.
+    """
+
+    def loop_started(self, now: float, cpu: float | None) -> None:
+        """The loop starts, idle at `now` (its thread's CPU clock at `cpu`): called by its own thread."""
+
+    def loop_gone(self, on_its_thread: bool) -> None:
+        """The loop stopped (told by its own thread if `on_its_thread`), or another loop replaced it on its thread."""
+
+    def after_fork(self) -> None:
+        """In a forked child, where the loop runs on in the thread that forked."""
+
+
+class _Unwatched:
+    """The state of a loop registered before any watchdog's factory was installed (`use_watchdog_state`)."""
+
+    __slots__ = ()
+
+    def loop_started(self, now: float, cpu: float | None) -> None:
+        pass
+
+    def loop_gone(self, on_its_thread: bool) -> None:
+        pass
+
+    def after_fork(self) -> None:
+        pass
+
+
 class LoopWatch:
-    """A running loop and the watchdog's view of it.
+    """A running loop as the tracking knows it: the loop, its thread, the frame that called into it.
+
+    What the watchdog notes of the loop as it watches it is its own, in `watchdog` (`_stalls.state`).
 
     A trio run is watched as a loop: its `TrioRun` stands for it (`trio_runs`), answering what the
     watchdog asks of a loop (`is_running`, `call_soon_threadsafe`); its steps are bounded by trio's
@@ -49,31 +82,14 @@ class LoopWatch:
     """
 
     __slots__ = (
-        "armed",
         "base_frame",
-        "beat_done",
-        "beat_posted",
         "cpu_clock",
         "discovered",
-        "idle_cpu",
-        "idle_t",
-        "last_io",
-        "last_io_ident",
-        "last_ran",
         "loop_name",
         "loop_ref",
-        "own",
-        "probe_cpu",
-        "probe_seen",
-        "probe_started",
-        "step",
         "thread_id",
         "thread_name",
-        "tripped",
-        "tripwire",
-        "tripwire_set",
-        "unarmable",
-        "wait",
+        "watchdog",
     )
 
     def __init__(
@@ -99,57 +115,13 @@ class LoopWatch:
         # Found by the watchdog, not told by the loop's start: its stop is not
         # told either, and is noticed when the watchdog sees it not running.
         self.discovered = False
-        # Owned by the watchdog thread (see _stalls/watchdog.py).
-        self.step: Any = None
-        self.beat_posted = 0.0  # perf_counter() of the heartbeat in flight, or 0
-        self.beat_done = 0.0  # when the last heartbeat ran on the loop
-        self.last_io: tuple[float, float] = (0.0, 0.0)  # window of the last io event delivered
-        # and the hash() of its step (`_stacks.step_of`, a frame, whose hash
-        # is its address, as id() would give without id()'s audit event): not
-        # the frame itself, which would keep its locals (the task) alive. An
-        # address can be reused once the frame has gone, but only by a step
-        # that began after that delivery, which the window tells apart.
-        self.last_io_ident = 0
-        self.idle_t = 0.0  # last poll that saw the loop idle, and its CPU clock then
-        self.idle_cpu: float | None = None
-        # Between which two looks its thread last used CPU (None: not seen
-        # yet): an idle loop's wait began then (_stalls/waits.py), and the
-        # system call it waits in, read by the watchdog (a waits.Wait).
-        self.last_ran: tuple[float, float] | None = None
-        self.wait: Any = None
-        # CPU time this thread spent in the loop-delay probe's ticks (with an
-        # allowance for the loop's own work around each), added by the loop's
-        # thread: the watchdog does not take it for the loop waking up.
-        self.probe_cpu = 0.0
-        self.probe_seen = 0.0  # probe_cpu at the watchdog's last look (owned by the watchdog)
-        # The tripwire (_stalls/tripwire.py): armed while the watchdog sleeps long,
-        # and when it last fired (perf_counter(), written by the loop's thread
-        # as the loop woke), and the profile function it installed.
-        self.armed = False
-        self.tripped = 0.0
-        self.tripwire: Callable[..., object] | None = None
-        self.tripwire_set = 0.0  # when its thread installed it, since the last arming (0: not yet)
-        self.unarmable = False  # its thread had a profile function of its own: never armed again
-        self.own = False  # the loop runs aiocop's own callback (the probe's tick): the tripwire lets it pass
-        # When the probe's tick under way began (perf_counter()) and its
-        # thread's CPU clock then (None: no tick under way), one attribute
-        # read at once: a tick that holds the loop past `arm_after` (or the
-        # threshold) is a step like any other, timed from here (_stalls/stacks.py).
-        self.probe_started: tuple[float, float] | None = None
+        # The watchdog's state of this loop (_stalls/state.py), made by the factory it installed.
+        self.watchdog: WatchdogState = _new_state()
 
     @property
     def loop(self) -> AbstractEventLoop | None:
         # (A trio run's `TrioRun` answers the calls the watchdog makes of a loop; see the class.)
         return self.loop_ref()
-
-    def delivered(self, ident: object, start: float, end: float) -> None:
-        """An io event of step `ident`, lasting from `start` to `end`, has been delivered (under merge_lock).
-
-        A stall of that step the watchdog finishes later (its look was taken
-        before the delivery) is not reported again.
-        """
-        self.last_io = (start, end)
-        self.last_io_ident = hash(ident)  # not id(): an audit event (issue 26)
 
     def cpu_time(self) -> float | None:
         if self.cpu_clock is None:
@@ -186,6 +158,16 @@ def install_sink(sink: Sink) -> None:
     """Tell `sink` of every loop registered and every loop that stops, from now on (`_api`, as detection starts)."""
     global _on_change, _on_stop
     _on_change, _on_stop = sink.loop_started, sink.loop_stopped
+
+
+# Makes the watchdog's state of each loop registered (use_watchdog_state).
+_new_state: Callable[[], WatchdogState] = _Unwatched
+
+
+def use_watchdog_state(factory: Callable[[], WatchdogState]) -> None:
+    """Give each loop registered from now on a watchdog's state made by `factory` (the watchdog's install_sink)."""
+    global _new_state
+    _new_state = factory
 
 
 # Loops that stopped since the watchdog last looked, with when they stopped and
@@ -256,16 +238,11 @@ def register(
         # found running): it stopped by now. The watchdog finishes the step
         # it was in (a stall in its last step), as for a loop that stopped.
         current.base_frame = None
-        current.armed = False
+        current.watchdog.loop_gone(False)
         retired.append((current, perf_counter(), current.cpu_time()))
     watch = LoopWatch(loop, base_frame, thread_id)
     if starting:
-        # The loop is idle at this moment. Without a look at it idle, the
-        # watchdog would time a step it first sees already running from a
-        # guess half an idle interval back, and report a short first step
-        # (a test body right after its loop started) as a stall.
-        watch.idle_t = perf_counter()
-        watch.idle_cpu = watch.cpu_time()
+        watch.watchdog.loop_started(perf_counter(), watch.cpu_time())  # (idle at this moment)
     with _watch_lock:
         watches = {**watches, watch.thread_id: watch}
     if _on_change is not None:
@@ -287,9 +264,7 @@ def unregister(thread_id: int, *, stopping: bool = False) -> None:
     run = watch.loop_ref()
     if _trio_runs.is_run(run):
         run.running = False  # (nothing more is queued on it: its entry queue is closed)
-    watch.armed = False  # a tripwire still installed on its thread removes itself at its next event
-    if stopping and watch.tripwire is not None and sys.getprofile() is watch.tripwire:
-        sys.setprofile(None)  # (this thread's own: the application's code after the loop runs unprofiled)
+    watch.watchdog.loop_gone(stopping)
     if stopping:
         stopped, cpu = perf_counter(), watch.cpu_time()
         retired.append((watch, stopped, cpu))  # in case the watchdog's look, already under way, sees it after
@@ -490,4 +465,4 @@ def reinit_after_fork() -> None:
     for watch in watches.values():
         watch.thread_id = ident
         watch.cpu_clock = _cpu_clock(ident)
-        watch.step = None
+        watch.watchdog.after_fork()

@@ -31,6 +31,7 @@ from aiocop._model.severity import level_rank, level_threshold
 from aiocop._reporting import delivery as _delivery
 from aiocop._reporting.report import STALL, call_site, describe, describe_hang, library_site, source_line
 from aiocop._stalls import watchdog as _watchdog
+from aiocop._stalls.state import state_of
 
 if TYPE_CHECKING:
     from aiocop._interception.allow import AllowRule
@@ -131,7 +132,7 @@ def _through_running_loops() -> None:
     passed = []
     for watch in list(_loops.watches.values()):
         loop = watch.loop
-        step = watch.step
+        step = state_of(watch).step
         if watch.thread_id == ident or loop is None or not loop.is_running() or (step is not None and step.stalled):
             continue
         done = allocate_lock()

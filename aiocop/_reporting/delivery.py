@@ -35,6 +35,7 @@ from aiocop._reporting import worker as _worker_module
 from aiocop._stalls import attribution as _attribution
 from aiocop._stalls import timing as _timing
 from aiocop._stalls import watchdog as _watchdog
+from aiocop._stalls.state import state_of
 
 if TYPE_CHECKING:
     import contextvars
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from aiocop._interception.hook import StepGroup
     from aiocop._interception.loops import LoopWatch
     from aiocop._stalls.attribution import Stall
+    from aiocop._stalls.state import LoopState
 
 
 # Bound once: _deliver runs once per step, on the loop's thread (a module attribute is a look-up more).
@@ -164,21 +166,22 @@ def _claim(batch: list[StepGroup]) -> list[StepGroup]:
     lock = _watchdog.merge_lock
     _acquire(lock)
     try:
-        step = watch.step if watch is not None else None
+        state = state_of(watch) if watch is not None else None
+        step = state.step if state is not None else None
         # Only a step the watchdog is looking at has anything to hand over
         # or to tell (_take_stall_of's first test, read once for the batch).
         watched = step is not None and not step.merged
         for group in batch:
             if take(group, None) is not None:
                 if watched:
-                    _take_stall_of(group, watch)  # type: ignore[arg-type]  # watched: watch is not None
+                    _take_stall_of(group, watch, state)  # type: ignore[arg-type]  # watched: watch, state not None
                 claimed.append(group)
-        if watch is not None and claimed:
+        if state is not None and claimed:
             # The watchdog reads the last io event delivered (under this
             # lock): the batch's last step, whose end is the latest.
             last = claimed[-1]
             stall = last.stall
-            watch.delivered(last.ident, last.t_first if stall is None else min(last.t_first, stall.start), last.t_end)
+            state.delivered(last.ident, last.t_first if stall is None else min(last.t_first, stall.start), last.t_end)
     finally:
         _release(lock)
     return claimed
@@ -197,12 +200,13 @@ def take_stall(group: StepGroup) -> None:
     watch = _loops.watches.get(group.thread_id)
     if watch is None:
         return
-    _take_stall_of(group, watch)
+    state = state_of(watch)
+    _take_stall_of(group, watch, state)
     stall = group.stall
-    watch.delivered(group.ident, group.t_first if stall is None else min(group.t_first, stall.start), group.t_end)
+    state.delivered(group.ident, group.t_first if stall is None else min(group.t_first, stall.start), group.t_end)
 
 
-def _take_stall_of(group: StepGroup, watch: LoopWatch) -> None:
+def _take_stall_of(group: StepGroup, watch: LoopWatch, state: LoopState) -> None:
     # Under merge_lock. If the watchdog is watching this very step stall, its
     # samples join this event and it will not report the stall again. If it
     # is watching another step, seen running after this step's first
@@ -212,7 +216,7 @@ def _take_stall_of(group: StepGroup, watch: LoopWatch) -> None:
     # CPU-bound step, a stall or one the looks have not yet seen run for the
     # threshold: a step after another is decided on its looks alone, and
     # an event delivered meanwhile ran on into the stall, 40 to 120 ms).
-    step = watch.step
+    step = state.step
     if step is not None and not step.merged and group.stall is None:
         if step.ident is group.ident:
             if step.stalled:

@@ -37,6 +37,7 @@ from aiocop._reporting import building as _building
 from aiocop._stalls import attribution as _attribution
 from aiocop._stalls import culprit as _culprit
 from aiocop._stalls import settings as _settings
+from aiocop._stalls.state import state_of
 
 if TYPE_CHECKING:
     from types import CodeType, FrameType
@@ -367,7 +368,7 @@ def blocked_by_loop() -> dict[tuple[str, str], float]:
     now = perf_counter()
     blocked: dict[tuple[str, str], float] = {}
     for watch in list(_loops.watches.values()):
-        step = watch.step
+        step = state_of(watch).step
         seconds = 0.0
         if step is not None and step.stalled and not step.merged:
             with contextlib.suppress(Exception):  # changing under us: 0 this time
@@ -390,7 +391,7 @@ def ongoing() -> list[SlowTaskEvent]:
     frames = sys._current_frames()
     found: list[SlowTaskEvent] = []
     for watch in list(_loops.watches.values()):
-        step = watch.step
+        step = state_of(watch).step
         innermost = frames.get(watch.thread_id)
         if step is None or not step.stalled or step.merged or innermost is None:
             continue

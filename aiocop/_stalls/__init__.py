@@ -1,6 +1,7 @@
 """The stall watchdog: a background thread that notices loops that have not come back.
 
 - `watchdog`: the thread: when it looks, what each look does with each loop, when it sleeps and ends.
+- `state`: what the watchdog notes of each loop (`LoopState`, held by the loop's `LoopWatch`).
 - `settings`: how often it looks and samples (`sampling`, set by `detect_slow_tasks()`).
 - `timing`: when a step began and ended, from the looks and the loop thread's CPU clock.
 - `stacks`: which step a loop thread's stack is in, and the samples taken of it.

@@ -55,6 +55,7 @@ from aiocop._common.clock import perf_counter
 from aiocop._interception import frames as _frames
 from aiocop._interception import loops as _loops
 from aiocop._interception.internals import KNOWN_LOOP_PACKAGES, PYTHON_LOOP_PACKAGES
+from aiocop._stalls.state import state_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -559,7 +560,8 @@ def _register(
     watch = _loops.register(loop, None if _python_loop(loop) else base, thread_id)
     watch.discovered = True
     # The step is timed from the last moment this thread was known not to be in it.
-    watch.idle_t, watch.idle_cpu = thread.t, thread.cpu
+    state = state_of(watch)
+    state.idle_t, state.idle_cpu = thread.t, thread.cpu
     return watch
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from aiocop._common import forksafe as _forksafe
 from aiocop._common.clock import perf_counter, thread_time
 from aiocop._interception import loops as _loops
+from aiocop._stalls.state import state_of
 
 if TYPE_CHECKING:
     from asyncio import AbstractEventLoop
@@ -202,27 +203,28 @@ class DelayProbe:
         watch = _loops.watches.get(get_ident())
         if watch is not None and watch.loop is not loop:
             watch = None
+        state = state_of(watch) if watch is not None else None
         try:
-            if watch is not None:
+            if state is not None:
                 # The watchdog's tripwire (_tripwire), if armed on this thread,
                 # lets the tick pass: it is not the loop waking up to work. A
                 # look that lands in it sees no step, unless it has held the
                 # loop a while (a `record` waiting on its SDK's lock): then it
                 # is one, begun here.
-                watch.probe_started = (perf_counter(), started)
-                watch.own = True
+                state.probe_started = (perf_counter(), started)
+                state.own = True
             self._tick_on(loop, token, due, armed)
         finally:
-            if watch is not None:
-                began = watch.probe_started
+            if watch is not None and state is not None:
+                began = state.probe_started
                 if began is not None and tick_ending is not None:
                     tick_ending(watch, began, self._record)
-                watch.own = False
-                watch.probe_started = None
+                state.own = False
+                state.probe_started = None
                 # Told to the watchdog, which would otherwise take each tick for the
                 # loop waking up to work, and look at it often for a while (its cost
                 # in an idle process went from 0.13 % of a core to 0.78 %).
-                watch.probe_cpu += thread_time() - started + _LOOP_SHARE_S
+                state.probe_cpu += thread_time() - started + _LOOP_SHARE_S
 
     def _tick_on(self, loop: AbstractEventLoop, token: object, due: float, armed: float) -> None:
         # A loop runs a timer a hair early when its clock's resolution says

@@ -19,6 +19,7 @@ from aiocop._interception import frames as _frames
 from aiocop._interception.frames import Kind
 from aiocop._model import state as _state
 from aiocop._stalls.settings import sampling
+from aiocop._stalls.state import state_of
 from aiocop._stalls.timing import CPU_BOUND_RATE
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ def tick_held(watch: LoopWatch, now: float) -> bool:
     works for longer holds the loop as any step would, and is one: a stall,
     or a hang, of aiocop's making, timed from the tick's start.
     """
-    started = watch.probe_started
+    started = state_of(watch).probe_started
     return started is not None and now - started[0] >= tick_grace_s()
 
 

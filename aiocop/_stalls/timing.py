@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from aiocop._common.clock import monotonic, perf_counter
 from aiocop._stalls.attribution import Stall
 from aiocop._stalls.settings import sampling
+from aiocop._stalls.state import state_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -399,34 +400,37 @@ def all_quiet(watches: dict[int, LoopWatch]) -> bool:
     # (A loop in aiocop's own callback, the probe's tick, is looked at too:
     # one that waits on a lock uses no CPU, and may be holding the loop.)
     for watch in watches.values():
-        if watch.step is not None or watch.own or watch.idle_cpu is None or watch.cpu_time() != watch.idle_cpu:
+        state = state_of(watch)
+        if state.step is not None or state.own or state.idle_cpu is None or watch.cpu_time() != state.idle_cpu:
             return False
     now = perf_counter()
     for watch in watches.values():
-        watch.idle_t = now  # still idle: a step starting from here began after now
+        state_of(watch).idle_t = now  # still idle: a step starting from here began after now
     return True
 
 
 def remember_idle(watch: LoopWatch, now: float, cpu: float | None, before: float) -> None:
     """A look at `now` saw the loop idle, its thread's CPU clock at `cpu`; the look before it was at `before`."""
-    if cpu is None or watch.idle_cpu is None:
-        watch.last_ran = None  # (first seen idle: when its wait began is not known)
-    elif cpu != watch.idle_cpu:
-        watch.last_ran = (before, now)  # it ran since the last look, and waits again
-    watch.idle_t = now
-    watch.idle_cpu = cpu
+    state = state_of(watch)
+    if cpu is None or state.idle_cpu is None:
+        state.last_ran = None  # (first seen idle: when its wait began is not known)
+    elif cpu != state.idle_cpu:
+        state.last_ran = (before, now)  # it ran since the last look, and waits again
+    state.idle_t = now
+    state.idle_cpu = cpu
 
 
 def last_other(watch: LoopWatch, step: Step | None, came_back: bool, now: float) -> tuple[float, float | None]:
     # The last moment this loop was known to be doing something else than
     # the new step: the heartbeat's run, the previous step's last poll, or
     # the last idle poll.
+    state = state_of(watch)
     if came_back:
-        return watch.beat_done, step.cpu_last if step is not None else None
+        return state.beat_done, step.cpu_last if step is not None else None
     if step is not None:
         return step.t_last, step.cpu_last
-    if watch.idle_t:
-        return watch.idle_t, watch.idle_cpu
+    if state.idle_t:
+        return state.idle_t, state.idle_cpu
     return now - sampling.idle_s(), None
 
 
@@ -456,15 +460,16 @@ def woke_at(ident: object, idle_since: float, now: float) -> float:
 
 def last_seen(watch: LoopWatch) -> tuple[float, float | None]:
     # The last look that saw this loop (idle, or in a step), and its thread's CPU clock then.
-    step = watch.step
-    if step is not None and step.t_last > watch.idle_t:
+    state = state_of(watch)
+    step = state.step
+    if step is not None and step.t_last > state.idle_t:
         return step.t_last, step.cpu_last
-    return watch.idle_t, watch.idle_cpu
+    return state.idle_t, state.idle_cpu
 
 
 def tripped_at(watch: LoopWatch, idle_since: float, now: float) -> float:
     """When the loop, idle at `idle_since`, woke, as its tripwire saw it (0: not since; see _tripwire)."""
-    tripped = watch.tripped
+    tripped = state_of(watch).tripped
     return tripped if idle_since < tripped <= now else 0.0
 
 
@@ -476,8 +481,9 @@ _MONOTONIC_TO_PERF = perf_counter() - monotonic()
 def loop_came_back(watch: LoopWatch) -> bool:
     # The heartbeat sent while this root frame was running has run: the loop
     # iterated since, so what runs now is a later step of the same task.
-    done = watch.beat_done
-    if watch.beat_posted and done >= watch.beat_posted:
-        watch.beat_posted = 0.0
+    state = state_of(watch)
+    done = state.beat_done
+    if state.beat_posted and done >= state.beat_posted:
+        state.beat_posted = 0.0
         return True
     return False

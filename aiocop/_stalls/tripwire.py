@@ -69,6 +69,7 @@ from aiocop._common.clock import perf_counter, thread_time
 from aiocop._interception import frames as _frames
 from aiocop._interception import trio_runs as _trio_runs
 from aiocop._interception.frames import Kind
+from aiocop._stalls.state import LoopState, state_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -120,24 +121,25 @@ def arm(watch: LoopWatch, wake: Callable[[], None]) -> bool:
     loop = watch.loop
     if loop is None:
         return True  # gone: nothing to watch
-    if watch.armed:
+    state = state_of(watch)
+    if state.armed:
         return True
     # Only a running loop: some loops (rloop 0.5) replace their wake-up pipe
     # on every run, and a call sent between runs could reach a reused fd.
     if not loop.is_running():
         return True
-    watch.armed = True
-    watch.tripwire_set = 0.0
+    state.armed = True
+    state.tripwire_set = 0.0
     try:
         loop.call_soon_threadsafe(_install, watch, wake, context=_empty())
     except Exception:  # closed meanwhile, or a loop that takes no context
-        watch.armed = False
+        state.armed = False
     return True
 
 
 def can_arm(watch: LoopWatch) -> bool:
     """Whether `arm` can arm `watch`'s loop (not one written in C on 3.12+, nor one left unarmable)."""
-    if watch.unarmable:
+    if state_of(watch).unarmable:
         return False
     loop = watch.loop
     # (type(), not isinstance(): no `__class__` of the application's is read here.)
@@ -153,37 +155,39 @@ def step_seen(watch: LoopWatch) -> None:
     and the loop was never armed again). aiocop's own callback (the probe's
     tick) is no step of the loop's.
     """
-    if watch.armed and not watch.own:
-        watch.armed = False
+    state = state_of(watch)
+    if state.armed and not state.own:
+        state.armed = False
 
 
 def _install(watch: LoopWatch, wake: Callable[[], None]) -> None:
     # On the loop's thread, as one of its callbacks. Never raises into the loop.
     started = thread_time()
-    if not watch.armed:
+    state = state_of(watch)
+    if not state.armed:
         return  # disarmed meanwhile
     # aiocop's own callback, as the probe's tick is: a look that lands in it
     # sees no step of the loop's (which would disarm it: step_seen).
-    watch.own = True
+    state.own = True
     try:
         if _trio_runs.is_run(watch.loop):
-            placed = _add_instrument(watch, wake)
+            placed = _add_instrument(watch, state, wake)
         else:
-            placed = _set_profile(watch, wake, started) if PROFILE else _wrap_select(watch, wake)
+            placed = _set_profile(state, wake, started) if PROFILE else _wrap_select(watch, state, wake)
     except Exception:
-        _failed(watch, "could not arm")
+        _failed(state, "could not arm")
         placed = False
     finally:
-        watch.own = False
+        state.own = False
     if placed:
-        watch.tripwire_set = perf_counter()  # (in_place: a look must see the loop idle after this)
+        state.tripwire_set = perf_counter()  # (in_place: a look must see the loop idle after this)
     else:
         # Left unarmed for good: the watchdog looks at it at the threshold-bound
         # rate, which it learns now rather than after its long sleep.
-        watch.armed = False
-        watch.unarmable = True
+        state.armed = False
+        state.unarmable = True
         _wake(wake)
-    watch.probe_cpu += thread_time() - started + _ARM_SHARE_S
+    state.probe_cpu += thread_time() - started + _ARM_SHARE_S
 
 
 def _wake(wake: Callable[[], None]) -> None:
@@ -193,12 +197,12 @@ def _wake(wake: Callable[[], None]) -> None:
         logger.exception("aiocop: could not wake the watchdog (ignored)")
 
 
-def _failed(watch: LoopWatch, what: str) -> None:
+def _failed(state: LoopState, what: str) -> None:
     # A fault inside a tripwire: that loop is never armed again (its looks
     # come at the threshold-bound rate), and the application never sees it.
     global _failure_logged
-    watch.armed = False
-    watch.unarmable = True
+    state.armed = False
+    state.unarmable = True
     if not _failure_logged:
         _failure_logged = True
         logger.exception(
@@ -209,22 +213,26 @@ def _failed(watch: LoopWatch, what: str) -> None:
 # Python 3.12+: the selector's select, wrapped on that one object.
 
 
-def _wrap_select(watch: LoopWatch, wake: Callable[[], None]) -> bool:
+def _wrap_select(watch: LoopWatch, state: LoopState, wake: Callable[[], None]) -> bool:
     loop = watch.loop
     selector = getattr(loop, "_selector", None)
     attrs = getattr(selector, "__dict__", None)
     if loop is None or attrs is None or not callable(getattr(type(selector), "select", None)):
         return False  # no selector object to wrap (a proactor without one, slots): not armable
     current = attrs.get("select")
-    if current is not None and current is watch.tripwire:
+    if current is not None and current is state.tripwire:
         return True  # still in place since the last arming (disarmed, not yet woken): armed again as it is
-    watch.tripwire = _select_wrapper(watch, wake, weakref.ref(selector), current)
-    attrs["select"] = watch.tripwire
+    state.tripwire = _select_wrapper(watch, state, wake, weakref.ref(selector), current)
+    attrs["select"] = state.tripwire
     return True
 
 
 def _select_wrapper(
-    watch: LoopWatch, wake: Callable[[], None], selector_ref: weakref.ref[Any], previous: Callable[..., Any] | None
+    watch: LoopWatch,
+    state: LoopState,
+    wake: Callable[[], None],
+    selector_ref: weakref.ref[Any],
+    previous: Callable[..., Any] | None,
 ) -> Callable[..., Any]:
     # Holds no strong reference to the loop or the selector (the watch's is
     # weak too): the selector's attribute pointing back at it would make a
@@ -237,15 +245,15 @@ def _select_wrapper(
         woke = perf_counter()
         try:
             loop = watch.loop
-            if watch.armed and _only_own(loop, events):
+            if state.armed and _only_own(loop, events):
                 return events  # aiocop's own callback (the probe's tick): no wake-up of the application's
             _unwrap(selector, select, previous)
-            if watch.armed:
-                watch.armed = False
-                watch.tripped = woke
+            if state.armed:
+                state.armed = False
+                state.tripped = woke
                 _wake(wake)
         except Exception:
-            _failed(watch, "failed")
+            _failed(state, "failed")
             with contextlib.suppress(Exception):
                 _unwrap(selector, select, previous)
         return events
@@ -311,10 +319,10 @@ def _only_own(loop: Any, events: Any) -> bool:
 class _TrioTripwire:
     """The `trio.abc.Instrument` a trio run is armed with: `after_io_wait` trips it (see the module's docstring)."""
 
-    __slots__ = ("wake", "watch")
+    __slots__ = ("state", "wake")
 
-    def __init__(self, watch: LoopWatch, wake: Callable[[], None]) -> None:
-        self.watch = watch
+    def __init__(self, state: LoopState, wake: Callable[[], None]) -> None:
+        self.state = state
         self.wake = wake
 
     def __dir__(self) -> list[str]:
@@ -327,22 +335,22 @@ class _TrioTripwire:
     def after_io_wait(self, timeout: float) -> None:
         """Run by trio on the run's thread as it comes back from waiting: the run woke."""
         woke = perf_counter()
-        watch = self.watch
+        state = self.state
         try:
             sys.modules["trio"].lowlevel.remove_instrument(self)
-            if watch.armed:
-                watch.armed = False
-                watch.tripped = woke
+            if state.armed:
+                state.armed = False
+                state.tripped = woke
                 _wake(self.wake)
         except Exception:
-            _failed(watch, "failed")
+            _failed(state, "failed")
 
 
-def _add_instrument(watch: LoopWatch, wake: Callable[[], None]) -> bool:
+def _add_instrument(watch: LoopWatch, state: LoopState, wake: Callable[[], None]) -> bool:
     # On the run's thread, in its entry queue's task: inside the run, where trio's add_instrument works.
-    tripwire = watch.tripwire
+    tripwire = state.tripwire
     if type(tripwire) is not _TrioTripwire:
-        tripwire = watch.tripwire = _TrioTripwire(watch, wake)
+        tripwire = state.tripwire = _TrioTripwire(state, wake)
     sys.modules["trio"].lowlevel.add_instrument(tripwire)  # (still in place since the last arming: no change)
     return True
 
@@ -350,10 +358,10 @@ def _add_instrument(watch: LoopWatch, wake: Callable[[], None]) -> bool:
 # Up to Python 3.11: a profile function on the loop's thread.
 
 
-def _set_profile(watch: LoopWatch, wake: Callable[[], None], started: float) -> bool:
+def _set_profile(state: LoopState, wake: Callable[[], None], started: float) -> bool:
     global _profile_set
     current = sys.getprofile()
-    if current is not None and current is not watch.tripwire:
+    if current is not None and current is not state.tripwire:
         # The thread's profile function is someone else's (a profiler): left alone.
         return False
     # [wall clock at the last event, thread CPU clock at the last one read];
@@ -366,7 +374,7 @@ def _set_profile(watch: LoopWatch, wake: Callable[[], None], started: float) -> 
 
     def tripwire(frame: FrameType, event: str, arg: Any) -> None:
         try:
-            if watch.own:  # aiocop's own callback (the probe's tick): not the loop's work
+            if state.own:  # aiocop's own callback (the probe's tick): not the loop's work
                 return
             now = perf_counter()
             if now - last[0] >= _OFF_CPU_S:  # (the thread's CPU clock is a system call: read only then)
@@ -377,23 +385,23 @@ def _set_profile(watch: LoopWatch, wake: Callable[[], None], started: float) -> 
                 last[1] = cpu
             last[0] = now
             events[0] += 1
-            if watch.armed and events[0] < _MAX_EVENTS:
+            if state.armed and events[0] < _MAX_EVENTS:
                 if not woke[0] or _frames.frame_kind(frame) in _LOOPS_OWN:
                     return
                 name = frame.f_globals.get("__name__")
                 if type(name) is str and name == "selectors":  # (asyncio's wait, in the stdlib)
                     return
             sys.setprofile(None)
-            if watch.armed:
-                watch.armed = False
-                watch.tripped = woke[0] or now
+            if state.armed:
+                state.armed = False
+                state.tripped = woke[0] or now
                 _wake(wake)
         except Exception:
             # Raised from here, it would surface in the application's code.
             sys.setprofile(None)
-            _failed(watch, "failed")
+            _failed(state, "failed")
 
-    watch.tripwire = tripwire
+    state.tripwire = tripwire
     sys.setprofile(tripwire)
     _profile_set = True
     return True
@@ -428,10 +436,11 @@ def in_place(watch: LoopWatch) -> bool:
     stalls with both cores busy). A loop not armed (not running, never
     armable, or already tripped) has nothing to wait for.
     """
-    if not watch.armed:
+    state = state_of(watch)
+    if not state.armed:
         return True
-    done = watch.tripwire_set
-    return bool(done) and done < watch.idle_t
+    done = state.tripwire_set
+    return bool(done) and done < state.idle_t
 
 
 def guards(watch: LoopWatch) -> bool:
@@ -443,4 +452,4 @@ def guards(watch: LoopWatch) -> bool:
     CPU well past what the ticks told as activity: a tripwire can be taken
     away without tripping).
     """
-    return watch.armed and in_place(watch)
+    return state_of(watch).armed and in_place(watch)

@@ -13,7 +13,7 @@ The loop's thread waits in one system call, which Linux shows in
 `/proc/self/task/<tid>/syscall`: `epoll_wait` (or `epoll_pwait`) on the
 loop's epoll, with the timeout of its next timer in milliseconds. The call
 began after the last look that saw the thread run and no later than the
-first one that saw it still (`LoopWatch.last_ran`), so the loop wakes for
+first one that saw it still (`LoopState.last_ran`), so the loop wakes for
 that timer between those two plus the timeout (`plan`). The watchdog looks
 every few milliseconds over that span, and a step then begun is timed from
 the middle of what is left of it (`woke_at`): to about 2 ms, whatever the
@@ -32,7 +32,7 @@ is not known (not Linux, `/proc` unreadable, another system call: io_uring,
 `epoll_pwait2`, whose timeout is behind a pointer, a machine not listed in
 `EPOLL_WAITS`), `plan` says so and nothing changes.
 
-May import: aiocop._common, and aiocop._interception.loops (types only).
+May import: aiocop._common, aiocop._interception.loops (types only), and aiocop._stalls.state.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ import os
 import sys
 import threading
 from typing import TYPE_CHECKING
+
+from aiocop._stalls.state import state_of
 
 if TYPE_CHECKING:
     from aiocop._interception.loops import LoopWatch
@@ -121,21 +123,22 @@ def plan(watch: LoopWatch) -> float | None:
     if not _AVAILABLE:
         return None
     cpu = watch.cpu_time()
-    ran = watch.last_ran
-    if cpu is None or cpu != watch.idle_cpu or ran is None or ran[1] >= watch.idle_t:
+    state = state_of(watch)
+    ran = state.last_ran
+    if cpu is None or cpu != state.idle_cpu or ran is None or ran[1] >= state.idle_t:
         # Ran since the last look, or never seen to (when its wait began is
         # not known), or no look has seen it still since (a busy loop, idle
         # only at this look: the file is not read at every look).
         return None
-    wait: Wait | None = watch.wait
+    wait = state.wait
     if wait is None or wait.cpu != cpu:
         # Read once per wait, known or not (a loop waiting in io_uring is
         # not read again at every look while it idles).
-        watch.wait = wait = _read(watch, cpu)
+        state.wait = wait = _read(watch, ran, cpu)
     return wait.earliest if wait is not None and wait.latest is not None and wait.cpu == cpu else None
 
 
-def _read(watch: LoopWatch, cpu: float) -> Wait | None:
+def _read(watch: LoopWatch, ran: tuple[float, float], cpu: float) -> Wait | None:
     global _AVAILABLE
     native = native_id(watch.thread_id)
     if native is None:
@@ -158,7 +161,7 @@ def _read(watch: LoopWatch, cpu: float) -> Wait | None:
         return Wait(cpu, None, None)  # not waiting in an epoll (io_uring, a lock), or not waiting
     if timeout < 0:
         return Wait(cpu, float("inf"), float("inf"))
-    after, settled = watch.last_ran  # type: ignore[misc]  # (not None: checked by plan)
+    after, settled = ran
     return Wait(cpu, after + timeout / 1000.0, settled + timeout / 1000.0)
 
 
@@ -178,8 +181,9 @@ def woke_at(watch: LoopWatch, idle_since: float, now: float) -> float:
     Not when this look came more than ON_TIME_S after the span: the thread
     may have run that much later than its timer.
     """
-    wait: Wait | None = watch.wait  # (typed Any there: the loop registry cannot import this module)
-    if wait is None or wait.cpu != watch.idle_cpu or wait.earliest is None or wait.latest is None:
+    state = state_of(watch)
+    wait = state.wait
+    if wait is None or wait.cpu != state.idle_cpu or wait.earliest is None or wait.latest is None:
         return 0.0
     if now > wait.latest + ON_TIME_S:
         return 0.0

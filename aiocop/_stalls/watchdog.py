@@ -54,6 +54,7 @@ from aiocop._stalls import timing as _timing
 from aiocop._stalls import tripwire as _tripwire
 from aiocop._stalls import waits as _waits
 from aiocop._stalls.settings import sampling
+from aiocop._stalls.state import LoopState, state_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -107,9 +108,13 @@ _sink: StallSink | None = None
 
 
 def install_sink(sink: StallSink) -> None:
-    """Hand stalls and hangs to `sink` from now on (`_api`, as detection starts)."""
+    """Hand stalls and hangs to `sink` from now on (`_api`, as detection starts).
+
+    Each loop registered from now on holds the watchdog's state of it (`state.LoopState`).
+    """
     global _sink
     _sink = sink
+    _loops.use_watchdog_state(LoopState)
 
 
 # The longest time between two hang reports of one step.
@@ -468,7 +473,7 @@ class Watchdog:
         waiting = unarmed = False
         timer = float("inf")  # the earliest a loop not armed can wake for its next timer (_waits)
         for watch in watches.values():
-            if watch.step is None:
+            if state_of(watch).step is None:
                 if not _tripwire.arm(watch, self.trip):
                     unarmed = True
                     timer = min(timer, _unarmed_look(watch, now))
@@ -540,14 +545,15 @@ class Watchdog:
         # around a tick took up to 1.2 ms (0.1-0.3 ms quiet) with the test
         # suite running beside it, and fast looks followed.
         guarded = [_tripwire.guards(watch) for watch in watches.values()]
-        probes = [watch.probe_cpu for watch in watches.values()]
+        states = [state_of(watch) for watch in watches.values()]
+        probes = [state.probe_cpu for state in states]
         clocks = [watch.cpu_time() for watch in watches.values()]
         proc = process_time()
         self._proc_ran = proc - self._proc_cpu if self._proc_cpu is not None else None
         self._proc_cpu = proc
         own_only = [
-            watch.own or watch.probe_cpu != seen or (was_guarded and watch.armed and _within_slack(watch, cpu, seen))
-            for watch, seen, was_guarded, cpu in zip(watches.values(), probes, guarded, clocks, strict=True)
+            state.own or state.probe_cpu != seen or (was_guarded and state.armed and _within_slack(state, cpu, seen))
+            for state, seen, was_guarded, cpu in zip(states, probes, guarded, clocks, strict=True)
         ]
         # Includes this thread's own frame, this very function's: left in,
         # this frame and the dict would hold each other, and with them every
@@ -559,7 +565,9 @@ class Watchdog:
         others = self._finder.read(frames, watches, now, scan=scan)
         busy = active = False
         ticks_only = True
-        for (thread_id, watch), cpu, probe, own in zip(watches.items(), clocks, probes, own_only, strict=True):
+        for (thread_id, watch), state, cpu, probe, own in zip(
+            watches.items(), states, clocks, probes, own_only, strict=True
+        ):
             frame = frames.get(thread_id)
             if frame is None or (watch.discovered and not _discovery.still_running(watch)):
                 if frame is not None:
@@ -571,15 +579,15 @@ class Watchdog:
                 self._finish(watch, now)
                 _loops.unregister(thread_id)
                 continue
-            idle_cpu = watch.idle_cpu
+            idle_cpu = state.idle_cpu
             if self._poll_one(watch, frame, now, cpu):
                 busy = True
-                step = watch.step
+                step = state.step
                 # (A probe's tick kept from a CPU past arm_after is a step, looked at fast while it
                 # lasts; unless it stalled, it does not start the half second of fast looks after.)
                 ticks_only = ticks_only and step is not None and bool(step.began) and not step.stalled
-            active |= not own and _timing.moved(idle_cpu, watch.idle_cpu, probe - watch.probe_seen)
-            watch.probe_seen = probe
+            active |= not own and _timing.moved(idle_cpu, state.idle_cpu, probe - state.probe_seen)
+            state.probe_seen = probe
         # Threads running no known loop: one stepping is registered now, and
         # its step looked at in this same look (timed from the thread's last look).
         # (A thread with no known loop that uses CPU is no activity: a busy
@@ -614,7 +622,8 @@ class Watchdog:
         found = _stacks.step_of(frame, watch, now)
         # (Its task read with it, before _held's read lets go of the GIL.)
         seen_task = _attribution.running_task(watch.loop, found[1]) if found is not None else None
-        step: Step | None = watch.step
+        state = state_of(watch)
+        step = state.step
         self._walked = None
         # Where nothing of the step it found has run yet (at its entry), a
         # hold this look waited on was the step's before it: what the loop's
@@ -623,13 +632,13 @@ class Watchdog:
         hold = self._held(watch, found, entering, now, cpu) if self._due and (found or step) else 0.0
         held = 0.0 if entering else hold
         if found is None:
-            if watch.own:
-                self._tick_seen(watch)
+            if state.own:
+                self._tick_seen(state)
             before = _timing.last_seen(watch)[0]  # (read before the step is dropped)
             if step is not None:
                 self._finish(watch, now, cpu, sure=bool(hold))
-            watch.step = None
-            watch.beat_posted = 0.0
+            state.step = None
+            state.beat_posted = 0.0
             _timing.remember_idle(watch, now, cpu, before)
             return False
         ident, root, innermost = found
@@ -662,9 +671,9 @@ class Watchdog:
             # watchdog of the GIL). A heartbeat sent at the first sighting and
             # still unanswered proves the loop has not iterated since.
             # (Sent after the sample: a loop's wake-up can let go of the GIL.)
-            if not watch.beat_posted:
-                _send_heartbeat(watch, now)
-            proven = bool(watch.beat_posted) or watch.loop is None or bool(held)
+            if not state.beat_posted:
+                _send_heartbeat(watch, state, now)
+            proven = bool(state.beat_posted) or watch.loop is None or bool(held)
         if proven and age >= _state.config.threshold_ms / 1000.0:
             self._stalled(watch, step, innermost, now, age, bool(held))
         return True
@@ -791,9 +800,10 @@ class Watchdog:
         if entering:
             prev, cpu_prev = now, cpu  # (nothing of it ran before this look)
         _tripwire.step_seen(watch)  # (one it did not trip on: not trusted again)
-        watch.beat_posted = 0.0
+        state = state_of(watch)
+        state.beat_posted = 0.0
         if not _stacks.in_tick(root):
-            step = watch.step = _timing.Step(ident, root, now, woke or prev, cpu, cpu_prev)
+            step = state.step = _timing.Step(ident, root, now, woke or prev, cpu, cpu_prev)
             step.woke = bool(woke)
             step.after_other = after_other
             return step
@@ -801,19 +811,19 @@ class Watchdog:
         # the start it noted. Under merge_lock: the tick, as it ends, reports
         # itself unless it finds it is this step (_tick_ending).
         with merge_lock:
-            tick = watch.probe_started
-            step = watch.step = _timing.Step(ident, root, now, prev if tick is None else tick[0], cpu, cpu_prev)
+            tick = state.probe_started
+            step = state.step = _timing.Step(ident, root, now, prev if tick is None else tick[0], cpu, cpu_prev)
             if tick is not None:
                 step.cpu_prev = tick[1]
                 step.began = tick[0]
         return step
 
-    def _tick_seen(self, watch: LoopWatch) -> None:
+    def _tick_seen(self, state: LoopState) -> None:
         # A look landed in the probe's tick, too young to be a step of the
         # loop's (_stacks.tick_held): looked at again once it would be one,
         # should it last that long. (One look, not the fast looks a step
         # brings: a tick is over in well under a millisecond.)
-        started = watch.probe_started
+        started = state.probe_started
         if started is not None:
             due = started[0] + _stacks.tick_grace_s()
             self._tick_due = min(self._tick_due, due) if self._tick_due else due
@@ -849,8 +859,9 @@ class Watchdog:
         # `by_other`; `sure`: what the thread ran since the last look was this
         # step's (the loop stopped on its own thread, or a hold it waited on
         # ended in this step); `end_by`: the step after began by then (0: not known).
-        step: Step | None = watch.step
-        watch.step = None
+        state = state_of(watch)
+        step = state.step
+        state.step = None
         if step is None or step.merged:
             return
         if not step.stalled and (step.task is None or not step.cpu_bound()):
@@ -863,8 +874,8 @@ class Watchdog:
         end = step.end(now, cpu, by_other=by_other, sure=sure)
         if end_by > step.t_last:
             end = min(end, end_by)
-        if watch.beat_done and step.t_last <= watch.beat_done <= now:
-            end = min(end, watch.beat_done)  # the heartbeat ran as soon as the loop was back
+        if state.beat_done and step.t_last <= state.beat_done <= now:
+            end = min(end, state.beat_done)  # the heartbeat ran as soon as the loop was back
         start = step.start()
         # Decided on what is known of its length, timed by the best estimate:
         # where a neighbouring step shares a gap between two looks, the gap
@@ -894,8 +905,9 @@ class Watchdog:
         watch, sink = stall.watch, _sink
         _forksafe.acquire(merge_lock)
         try:
-            io_start, io_end = watch.last_io
-            if watch.last_io_ident == hash(stall.ident) and io_start <= stall.end and io_end >= stall.middle():
+            state = state_of(watch)
+            io_start, io_end = state.last_io
+            if state.last_io_ident == hash(stall.ident) and io_start <= stall.end and io_end >= stall.middle():
                 return  # its io event was delivered already (this look began before): one report per stall
             if sink is not None and sink.attach_to_io(watch, stall):
                 return
@@ -921,9 +933,9 @@ def _on_gc(phase: str, info: dict[str, int]) -> None:
 _GUARDED_SLACK_S = 0.005
 
 
-def _within_slack(watch: LoopWatch, cpu: float | None, probe_now: float) -> bool:
+def _within_slack(state: LoopState, cpu: float | None, probe_now: float) -> bool:
     # (The ticks' own test, _timing.moved, with the slack added to what they told.)
-    return not _timing.moved(watch.idle_cpu, cpu, probe_now - watch.probe_seen + _GUARDED_SLACK_S)
+    return not _timing.moved(state.idle_cpu, cpu, probe_now - state.probe_seen + _GUARDED_SLACK_S)
 
 
 def _queued(watch: LoopWatch) -> float | None:
@@ -956,7 +968,7 @@ def _read_waits(watches: dict[int, LoopWatch]) -> None:
     # comes a little late (the watchdog's thread waiting for a CPU, on a busy
     # machine), within _waits.ON_TIME_S of the timer's end.
     for watch in watches.values():
-        if watch.step is None and not _tripwire.can_arm(watch):
+        if state_of(watch).step is None and not _tripwire.can_arm(watch):
             _waits.plan(watch)
 
 
@@ -969,10 +981,12 @@ def _unarmed_look(watch: LoopWatch, now: float) -> float:
     # begun then was seen half a threshold late, or never where that sleep is
     # long (issue 36).
     wakes = _waits.plan(watch)
-    if wakes is not None and now <= watch.wait.latest + _waits.LATE_S:  # (known when planned)
-        return wakes
+    state = state_of(watch)
+    wait = state.wait
+    if wakes is not None and wait is not None and wait.latest is not None and now <= wait.latest + _waits.LATE_S:
+        return wakes  # (wait and its latest end known: planned)
     cpu = watch.cpu_time()
-    return now if cpu is not None and watch.idle_cpu is not None and cpu != watch.idle_cpu else float("inf")
+    return now if cpu is not None and state.idle_cpu is not None and cpu != state.idle_cpu else float("inf")
 
 
 def _woke_at(watch: LoopWatch, ident: object, idle_since: float, now: float) -> float:
@@ -1004,13 +1018,14 @@ def _tick_ending(watch: LoopWatch, began: tuple[float, float], record: Callable[
         found = _stacks.step_of(sys._getframe(1), watch, ended)
         _forksafe.acquire(merge_lock)  # (the C method: `with` would pass through aiocop's wrapper on a loop's thread)
         try:
-            step = watch.step
+            state = state_of(watch)
+            step = state.step
             if step is not None and step.began == began[0]:
                 # Known now, whether or not a look saw it past the threshold; and its end, exactly.
                 step.stalled = True
                 step.ended = ended
                 return
-            watch.probe_started = None  # no look takes the tick for a step from here (_new_step)
+            state.probe_started = None  # no look takes the tick for a step from here (_new_step)
         finally:
             _forksafe.release(merge_lock)
         # Named by its `record`, or by the probe's call of it (one written in C).
@@ -1023,21 +1038,21 @@ def _tick_ending(watch: LoopWatch, began: tuple[float, float], record: Callable[
         logger.exception("aiocop: could not report a tick of the loop-delay probe that held the loop (ignored)")
 
 
-def _send_heartbeat(watch: LoopWatch, now: float) -> None:
+def _send_heartbeat(watch: LoopWatch, state: LoopState, now: float) -> None:
     loop = watch.loop
     # Only a running loop: some loops (rloop 0.5) replace their wake-up pipe
     # on every run, and a wake-up sent between runs could reach a reused fd.
     if loop is None or not loop.is_running():
         return
-    watch.beat_posted = now
+    state.beat_posted = now
 
     def beat() -> None:
-        watch.beat_done = perf_counter()
+        state.beat_done = perf_counter()
 
     try:
         loop.call_soon_threadsafe(beat)
     except RuntimeError:  # closed meanwhile
-        watch.beat_posted = 0.0
+        state.beat_posted = 0.0
 
 
 watchdog = Watchdog()
