@@ -281,7 +281,18 @@ def _context(hang: Hang) -> dict[str, Any]:
 
 
 class _Reporter:
-    """The thread that builds hang events and runs the callbacks with them, alive only while it has some."""
+    """The thread that builds hang events and runs the callbacks with them, alive only while it has some.
+
+    Not the delivery thread (`worker.Worker`), nor another instance of it: the two differ where it matters.
+    A hang report must not wait behind a flood of io events for a slow callback (with `delivery="thread"`
+    up to 10 000 steps), so it has a thread of its own. When full, this queue drops its oldest report (a
+    later report of the same hang has a fresher stack), the worker its newest steps (events keep their
+    order, and what was queued first is delivered). This thread ends as soon as it has nothing to do (most
+    processes never report a hang); the worker's stays for the run, and its `drain` stops a batch step by
+    step under a sequence-numbered gate, which whole reports, taken one at a time, do not need. What they
+    share (a daemon thread started on demand, a lock and a queue) is a few lines; made one class, each
+    difference would become an option of it.
+    """
 
     def __init__(self) -> None:
         self._queue: deque[Hang] = deque()

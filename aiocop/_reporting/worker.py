@@ -7,6 +7,7 @@ The queue is bounded (`MAX_PENDING`): a callback slower than events arrive
 makes aiocop drop, count and log events, never grow without bound.
 `drain` (at `stop()` and at exit) delivers what is queued within `DRAIN_S`,
 then drops (counts, logs once) the rest: no callback starts after it returns.
+Hang reports have a thread of their own (`hangs._Reporter`, which says why).
 
 May import: aiocop._common, aiocop._interception.
 """
