@@ -24,7 +24,7 @@ spell: nothing tells the watchdog in advance); `--idle-looks` chooses
 `start_cpu_sampling(precise_idle=...)` for the loops that cannot be armed.
 
 Loops: `asyncio`, `uvloop`, and `bound`, the stand-in for Leviathan
-(tests/bound_loop.py: a loop written in C that binds its start signals at
+(tests/support/bound_loop.py: a loop written in C that binds its start signals at
 import, imported here before aiocop is set up, so that aiocop is never told
 it started and finds it on its thread's stack); `leviathan` when built by
 hand (docs/how-to/loops.md), imported before set-up too.
@@ -186,7 +186,7 @@ def new_loop(name: str) -> asyncio.AbstractEventLoop:
     if name == "asyncio":
         return asyncio.new_event_loop()
     if name == "bound":
-        return sys.modules["tests.bound_loop"].BoundLoop()  # type: ignore[no-any-return]
+        return sys.modules["tests.support.bound_loop"].BoundLoop()  # type: ignore[no-any-return]
     if name == "leviathan":  # built by hand: docs/how-to/loops.md
         return sys.modules["leviathan"].Loop()  # type: ignore[no-any-return]
     return importlib.import_module(name).new_event_loop()  # type: ignore[no-any-return]
@@ -196,7 +196,7 @@ def import_loop(name: str) -> None:
     """Import the loop's module (before aiocop is set up: the stand-in binds its start signals then)."""
     if name == "bound":
         sys.path.insert(0, str(ROOT))
-        importlib.import_module("tests.bound_loop")
+        importlib.import_module("tests.support.bound_loop")
     elif name != "asyncio":
         importlib.import_module(name)
 

@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
@@ -52,8 +53,9 @@ LOOP_NAMES = _loops_asked()
 # Which tests rest on what (issue 36): `make test` runs the deterministic tests
 # first, then the `timing` ones on their own, each re-run once on failure and
 # the re-runs listed at the end; CI runs the `cost` and `integration` tests
-# once, on CPython 3.12. A module listed here has its every test marked; a test
-# elsewhere carries the marker itself.
+# once, on CPython 3.12. A module listed here (by its path under tests/, as
+# `module_key` names it) has its every test marked; a test elsewhere carries
+# the marker itself.
 #
 # timing: the outcome rests on real time (the watchdog noticing a stall and
 #   timing it, a hang reported while it lasts, the loop-delay probe's ticks):
@@ -61,55 +63,57 @@ LOOP_NAMES = _loops_asked()
 #   for tens of milliseconds can still move them.
 TIMING_MODULES = frozenset(
     {
-        "test_clock",
-        "test_gil_catalogue",
-        "test_gil_stalls",
-        "test_concurrency",
-        "test_delivery_thread",
-        "test_hangs",
-        "test_monitored",
-        "test_opentelemetry",
-        "test_rloop_race",
-        "test_setup_races",
-        "test_soak",
-        "test_stall_after_io",
-        "test_tripwire",
-        "test_unknown_loops",
-        "test_waits",
-        "test_watchdog",
+        "common/test_clock",
+        "stalls/test_gil_catalogue",
+        "stalls/test_gil_stalls",
+        "stalls/test_concurrency",
+        "reporting/test_worker",
+        "reporting/test_hangs",
+        "api/test_monitored",
+        "integrations/test_opentelemetry",
+        "stalls/test_rloop_race",
+        "api/test_setup_races",
+        "api/test_soak",
+        "stalls/test_stall_after_io",
+        "stalls/test_tripwire",
+        "stalls/test_discovery",
+        "stalls/test_waits",
+        "stalls/test_watchdog",
     }
 )
 # Tests of other modules whose outcome rests on the watchdog seeing a stall in
 # real time (found by running the rest with the machine 8 times oversubscribed).
 TIMING_TESTS = frozenset(
     {
-        "test_a_stall_inside_a_library_is_reported_at_the_application_line",  # test_app_line.py
-        "test_a_spinning_trio_task_is_a_stall_at_its_line_and_work_off_the_loop_is_none",  # test_trio.py
+        "test_a_stall_inside_a_library_is_reported_at_the_application_line",  # reporting/test_app_line.py
+        # interception/test_trio_runs.py:
+        "test_a_spinning_trio_task_is_a_stall_at_its_line_and_work_off_the_loop_is_none",
         "test_a_hung_trio_run_is_reported_while_it_hangs",
         "test_a_blocking_call_that_stalls_a_trio_run_is_one_event",
-        "test_a_spinning_test_on_trio_fails_as_a_stall",  # test_pytest_plugin.py
-        "test_a_trio_program_with_a_stall",  # test_cli.py
-        "test_stalls_follow_the_request_sampling",  # test_asgi.py
+        "test_a_spinning_test_on_trio_fails_as_a_stall",  # integrations/test_pytest_plugin.py
+        "test_a_trio_program_with_a_stall",  # commands/test_cli.py
+        "test_stalls_follow_the_request_sampling",  # integrations/test_asgi.py
         "test_stall_in_the_last_step_of_a_request_follows_its_sampling",
         "test_unsampled_stall_in_a_task_marked_watched_is_not_reported",
         "test_stall_events_carry_the_request",
         "test_watchdog_busy_cost_runs_and_checks_its_events",  # test_benchmarks.py
-        "test_the_demo_catches_every_planted_call",  # test_cli.py
-        "test_the_cli_shows_one_row_per_cause_at_the_applications_lines",  # test_config.py: no stall row (500 ms)
-        "test_a_blocking_step_of_a_loop_started_before_detection_is_one_event",  # test_compat_1x.py
+        "test_the_demo_catches_every_planted_call",  # commands/test_cli.py
+        # configuration/test_config.py: no stall row (500 ms)
+        "test_the_cli_shows_one_row_per_cause_at_the_applications_lines",
+        "test_a_blocking_step_of_a_loop_started_before_detection_is_one_event",  # api/test_compat_1x.py
         "test_deactivate_pauses_stall_reports_too",
         "test_stalls_without_samples_and_zero_settings",
-        "test_a_slow_callback_does_not_feed_back_into_stall_reports",  # test_faults.py
-        "test_html_embeds_the_tables_rows_and_timed_steps",  # test_html_report.py
-        "test_stdlib_logging_of_a_stall",  # test_logging.py
-        "test_an_sdk_error_while_recording_never_reaches_the_application",  # test_opentelemetry_errors.py
+        "test_a_slow_callback_does_not_feed_back_into_stall_reports",  # api/test_faults.py
+        "test_html_embeds_the_tables_rows_and_timed_steps",  # reporting/test_html_report.py
+        "test_stdlib_logging_of_a_stall",  # reporting/test_logs.py
+        "test_an_sdk_error_while_recording_never_reaches_the_application",  # integrations/test_opentelemetry_errors.py
         "test_recording_errors_are_counted",
-        "test_threshold_fails_stalls",  # test_pytest_plugin.py
+        "test_threshold_fails_stalls",  # integrations/test_pytest_plugin.py
         "test_other_event_loop",  # (a 150 ms spin on uvloop, failed once at load 10)
         "test_stall_of_a_loop_in_another_thread",
         "test_quickstart_example_prints_what_the_page_shows",  # test_docs.py: "running", not "waiting", when starved
-        "test_prometheus_sums_the_workers_of_a_fleet",  # test_prometheus.py: stalls and a hang, scraped
-        # test_attach.py (3.14+): a target's sleep against attach's window
+        "test_prometheus_sums_the_workers_of_a_fleet",  # integrations/test_prometheus.py: stalls and a hang, scraped
+        # commands/test_attach.py (3.14+): a target's sleep against attach's window
         "test_a_target_that_exits_during_the_window",
         "test_another_user_s_target_removes_its_folder_when_it_runs_the_script_late",
     }
@@ -118,11 +122,11 @@ TIMING_TESTS = frozenset(
 #   benchmark suite run end to end: deterministic, but minutes of CPU each.
 COST_MODULES = frozenset({"test_cost_guard", "test_syscall_guard", "test_benchmarks"})
 # integration: a real Prometheus server, a real browser, or the package registry.
-INTEGRATION_MODULES = frozenset({"test_prometheus"})
+INTEGRATION_MODULES = frozenset({"integrations/test_prometheus"})
 INTEGRATION_TESTS = frozenset(
     {
-        "test_report_renders_in_headless_chromium",  # tests/test_html_report.py
-        "test_the_aiocop_1x_list_is_its_sdists",  # tests/test_coverage_peers.py: pip download
+        "test_report_renders_in_headless_chromium",  # tests/reporting/test_html_report.py
+        "test_the_aiocop_1x_list_is_its_sdists",  # tests/interception/test_coverage_peers.py: pip download
         "test_the_wheel_holds_the_package_and_no_docs_rendering_code",  # test_packaging.py: pip builds the wheel
     }
 )
@@ -136,18 +140,18 @@ INTEGRATION_TESTS = frozenset(
 SLOW_FIRST = (
     "test_cost_guard",
     "test_benchmarks",
-    "test_gil_catalogue",
-    "test_hangs",
-    "test_prometheus",  # 80 s, in the timing run on 3.11
-    "test_watchdog",
-    "test_gil_stalls",
-    "test_soak",
-    "test_rloop_race",
-    "test_concurrency",
-    "test_opentelemetry",
-    "test_pytest_plugin",
-    "test_config",
-    "test_cli",
+    "stalls/test_gil_catalogue",
+    "reporting/test_hangs",
+    "integrations/test_prometheus",  # 80 s, in the timing run on 3.11
+    "stalls/test_watchdog",
+    "stalls/test_gil_stalls",
+    "api/test_soak",
+    "stalls/test_rloop_race",
+    "stalls/test_concurrency",
+    "integrations/test_opentelemetry",
+    "integrations/test_pytest_plugin",
+    "configuration/test_config",
+    "commands/test_cli",
     "test_docs_examples",
 )
 
@@ -177,10 +181,21 @@ def per_attempt(request: pytest.FixtureRequest, runs: dict[int, T], make: Callab
     return runs[attempt]
 
 
+TESTS = Path(__file__).resolve().parent
+
+
+def module_key(path: Path) -> str:
+    """A test module as the tables above name it: its path under tests/, without `.py` (`stalls/test_watchdog`)."""
+    path = path.resolve()
+    if not path.is_relative_to(TESTS):  # a module pytester writes elsewhere
+        return path.stem
+    return path.relative_to(TESTS).with_suffix("").as_posix()
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        module = item.path.stem
+        module = module_key(item.path)
         name = getattr(item, "originalname", None)
         if module in TIMING_MODULES or name in TIMING_TESTS:
             item.add_marker(pytest.mark.timing)
@@ -189,7 +204,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if module in INTEGRATION_MODULES or name in INTEGRATION_TESTS:
             item.add_marker(pytest.mark.integration)
     rank = {module: i for i, module in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.stem, len(SLOW_FIRST)))  # stable: each module's order kept
+    items.sort(key=lambda item: rank.get(module_key(item.path), len(SLOW_FIRST)))  # stable: each module's order kept
 
 
 def pytest_report_header() -> str:

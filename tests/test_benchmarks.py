@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests import scripts
+from tests.support import scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "run_benchmark.py"

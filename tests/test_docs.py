@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import scripts
-from tests.docs_hooks import load, renderer
+from tests.support import scripts
+from tests.support.docs_hooks import load, renderer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -26,9 +26,9 @@ import aiocop
 import aiocop.asgi
 import aiocop.opentelemetry
 import aiocop.structlog
-from tests.asgi_servers import free_port
-from tests.docs_hooks import renderer
-from tests.pytester_args import QUIET
+from tests.support.asgi_servers import free_port
+from tests.support.docs_hooks import renderer
+from tests.support.pytester_args import QUIET
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -39,18 +39,18 @@ DOCS = ROOT / "docs"
 # Examples run by other test modules (the how-to pages they illustrate came first).
 RUN_ELSEWHERE = {
     "examples/quickstart.py": "tests/test_docs.py",
-    "examples/asgi_app.py": "tests/test_asgi.py",
-    "examples/log_with_logging.py": "tests/test_logging.py",
-    "examples/log_with_structlog.py": "tests/test_logging.py",
-    "examples/pytest/test_example.py": "tests/test_pytest_plugin.py",
-    "examples/pytest/uvloop_conftest.py": "tests/test_pytest_plugin.py",
-    "examples/configuration/app.py": "tests/test_config.py",
-    "examples/opentelemetry/otlp.py": "tests/test_opentelemetry.py",
-    "examples/opentelemetry/quickstart.py": "tests/test_opentelemetry.py",
-    "examples/opentelemetry/fleet_app.py": "tests/test_prometheus.py",
-    "examples/opentelemetry/worker_metrics.py": "tests/test_prometheus.py",
-    "examples/rloop_self_pipe.py": "tests/test_rloop_race.py",
-    "examples/hangs/deadlock.py": "tests/test_hangs.py",
+    "examples/asgi_app.py": "tests/integrations/test_asgi.py",
+    "examples/log_with_logging.py": "tests/reporting/test_logs.py",
+    "examples/log_with_structlog.py": "tests/reporting/test_logs.py",
+    "examples/pytest/test_example.py": "tests/integrations/test_pytest_plugin.py",
+    "examples/pytest/uvloop_conftest.py": "tests/integrations/test_pytest_plugin.py",
+    "examples/configuration/app.py": "tests/configuration/test_config.py",
+    "examples/opentelemetry/otlp.py": "tests/integrations/test_opentelemetry.py",
+    "examples/opentelemetry/quickstart.py": "tests/integrations/test_opentelemetry.py",
+    "examples/opentelemetry/fleet_app.py": "tests/integrations/test_prometheus.py",
+    "examples/opentelemetry/worker_metrics.py": "tests/integrations/test_prometheus.py",
+    "examples/rloop_self_pipe.py": "tests/stalls/test_rloop_race.py",
+    "examples/hangs/deadlock.py": "tests/reporting/test_hangs.py",
 }
 # Examples run here, by the test named.
 RUN_HERE = {

@@ -24,15 +24,15 @@ def _test_names(path: Path) -> set[str]:
 
 
 def test_every_module_named_in_a_marker_table_exists() -> None:
-    modules = {path.stem for path in TESTS.glob("test_*.py")}
+    modules = {conftest.module_key(path) for path in TESTS.rglob("test_*.py")}
     named = conftest.TIMING_MODULES | conftest.COST_MODULES | conftest.INTEGRATION_MODULES
     assert named - modules == set()
 
 
 def _names_outside(modules: frozenset[str]) -> set[str]:
     names: set[str] = set()
-    for path in TESTS.glob("test_*.py"):
-        if path.stem not in modules:
+    for path in TESTS.rglob("test_*.py"):
+        if conftest.module_key(path) not in modules:
             names |= _test_names(path)
     return names
 

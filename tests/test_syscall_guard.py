@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import scripts
+from tests.support import scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "syscalls.py"

@@ -83,7 +83,7 @@ KNOWN_LOOPS: tuple[KnownLoop, ...] = (
     KnownLoop("leviathan", internal=False, announces=False),
 )
 
-# The lists of loops, each derived from KNOWN_LOOPS (tests/test_internals.py checks none is written out).
+# The lists of loops, each derived from KNOWN_LOOPS (tests/interception/test_internals.py checks none is written out).
 LOOP_FRAMES: tuple[LoopFrame, ...] = tuple(f for loop in KNOWN_LOOPS for f in loop.frames)
 # Packages whose frames are "loop internals": never the user's line.
 LOOP_PACKAGES: tuple[str, ...] = tuple(loop.name for loop in KNOWN_LOOPS if loop.internal)

@@ -8,7 +8,7 @@ watches for targets (`file_sd_configs`, see docs/how-to/prometheus.md):
     AIOCOP_PROMETHEUS_TARGETS=/tmp/aiocop-targets \\
         granian --interface asgi --workers 4 --working-dir examples/opentelemetry fleet_app:app
 
-tests/test_prometheus.py runs it with a real Prometheus server.
+tests/integrations/test_prometheus.py runs it with a real Prometheus server.
 """
 
 from __future__ import annotations
