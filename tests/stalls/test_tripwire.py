@@ -125,7 +125,9 @@ def test_a_stall_after_a_quiet_spell_is_reported(quiet_watchdog: Collector, loop
     assert armed == expected, "armed where it cannot be, or not armed where it can"
     (event,) = quiet_watchdog.settle(1)
     assert event.reason == "cpu_blocking"
-    assert event.call_site.endswith(tuple(f"tests/{line}" for line in stall_lines(stalls.spin))), event.call_site
+    assert event.call_site.endswith(tuple(f"tests/support/{line}" for line in stall_lines(stalls.spin))), (
+        event.call_site
+    )
 
 
 def test_cheap_idle_looks_still_see_a_cpu_bound_stall_longer_than_their_interval(
@@ -143,7 +145,9 @@ def test_cheap_idle_looks_still_see_a_cpu_bound_stall_longer_than_their_interval
     assert armed == expected, "armed where it cannot be, or not armed where it can"
     (event,) = detector.settle(1)
     assert event.reason == "cpu_blocking"
-    assert event.call_site.endswith(tuple(f"tests/{line}" for line in stall_lines(stalls.spin))), event.call_site
+    assert event.call_site.endswith(tuple(f"tests/support/{line}" for line in stall_lines(stalls.spin))), (
+        event.call_site
+    )
 
 
 def test_a_step_that_starts_as_the_loop_is_armed_is_seen(
@@ -189,7 +193,7 @@ def test_a_step_that_starts_as_the_loop_is_armed_is_seen(
     events = quiet_watchdog.settle(1)
     assert len(events) == 1, [(e.reason, e.call_site, round(e.elapsed_ms)) for e in events]
     (event,) = events
-    assert event.call_site.endswith(tuple(f"tests/{line}" for line in stall_lines(stalls.wait_unseen))), (
+    assert event.call_site.endswith(tuple(f"tests/support/{line}" for line in stall_lines(stalls.wait_unseen))), (
         event.reason,
         event.call_site,
     )

@@ -177,7 +177,7 @@ async def wait_as_the_timer_ends() -> Timed:
 
 
 def _at_the_wait(event: aiocop.SlowTaskEvent) -> bool:
-    return event.call_site.endswith(tuple(f"tests/{line}" for line in stall_lines(stalls.wait_unseen)))
+    return event.call_site.endswith(tuple(f"tests/support/{line}" for line in stall_lines(stalls.wait_unseen)))
 
 
 @pytest.mark.skipif(not LINUX, reason="the system call a thread waits in is read from Linux's /proc")
