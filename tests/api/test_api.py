@@ -373,12 +373,12 @@ def test_last_step_before_loop_stops_is_still_delivered(detector: Collector, loo
     ("call", "error"),
     [
         (lambda: aiocop.start_blocking_io_detection(trace_depth=0), ValueError),
-        (lambda: aiocop.start_blocking_io_detection(trace_depth="5"), TypeError),
-        (lambda: aiocop.start_blocking_io_detection(delivery="nowhere"), ValueError),
+        (lambda: aiocop.start_blocking_io_detection(trace_depth="5"), TypeError),  # type: ignore[arg-type]  # bad on purpose
+        (lambda: aiocop.start_blocking_io_detection(delivery="nowhere"), ValueError),  # type: ignore[arg-type]  # bad on purpose
         (lambda: aiocop.detect_slow_tasks(threshold_ms=-1), ValueError),
-        (lambda: aiocop.detect_slow_tasks(threshold_ms="30"), TypeError),
-        (lambda: aiocop.register_slow_task_callback("not callable"), TypeError),
-        (lambda: aiocop.register_context_provider(42), TypeError),
+        (lambda: aiocop.detect_slow_tasks(threshold_ms="30"), TypeError),  # type: ignore[arg-type]  # bad on purpose
+        (lambda: aiocop.register_slow_task_callback("not callable"), TypeError),  # type: ignore[arg-type]  # bad on purpose
+        (lambda: aiocop.register_context_provider(42), TypeError),  # type: ignore[arg-type]  # bad on purpose
         (lambda: aiocop.allow_blocking("no.such.event"), ValueError),
         (lambda: aiocop.AllowRule(frozenset(["open"]), call_site="no-colon"), ValueError),
         (lambda: aiocop.enable_raise_on_violations(level="extreme"), ValueError),

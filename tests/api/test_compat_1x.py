@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -168,14 +168,17 @@ def test_context_providers_run_at_the_steps_first_blocking_call(clean: Collector
 
 
 def test_the_exception_keeps_the_1x_message_and_takes_events_made_by_hand() -> None:
+    # 1.x callers made events by hand, with only some of BlockingEventInfo's keys.
+    by_hand = cast("list[aiocop.BlockingEventInfo]", [{"event": "time.sleep"}])
     error = aiocop.HighSeverityBlockingIoException(
-        severity_score=50, severity_level="high", elapsed_ms=12.5, threshold_ms=30.0, events=[{"event": "time.sleep"}]
-    )  # type: ignore[list-item]
+        severity_score=50, severity_level="high", elapsed_ms=12.5, threshold_ms=30.0, events=by_hand
+    )
     text = str(error)
     assert "HIGH SEVERITY BLOCKING I/O DETECTED" in text
     assert "Severity Score: 50" in text and "Severity Level: high" in text and "Threshold: 30.00ms" in text
     assert "  - time.sleep" in text
-    assert (error.severity_score, error.elapsed_ms, error.events) == (50, 12.5, [{"event": "time.sleep"}])
+    made_anew = cast("list[aiocop.BlockingEventInfo]", [{"event": "time.sleep"}])
+    assert (error.severity_score, error.elapsed_ms, error.events) == (50, 12.5, made_anew)
 
 
 def test_a_blocking_step_of_a_loop_started_before_detection_is_one_event(clean: Collector) -> None:

@@ -247,12 +247,17 @@ def test_a_slow_callback_does_not_feed_back_into_stall_reports(detector: Collect
 # --- re-entrancy: callbacks calling the aiocop API -------------------------------------------
 
 
+def _deactivate_then_activate() -> None:
+    aiocop.deactivate()
+    aiocop.activate()
+
+
 REENTRANT_CALLS: dict[str, Callable[[], object]] = {
     "register_callback": lambda: aiocop.register_slow_task_callback(lambda event: None),
     "unregister_all": aiocop.clear_slow_task_callbacks,
     "register_provider": lambda: aiocop.register_context_provider(lambda: {"x": 1}),
     "clear_providers": aiocop.clear_context_providers,
-    "deactivate_activate": lambda: (aiocop.deactivate(), aiocop.activate()),
+    "deactivate_activate": _deactivate_then_activate,
     "deactivate": aiocop.deactivate,
     "reset_blocking_events": aiocop.reset_blocking_events,
     "reconfigure": lambda: aiocop.start_blocking_io_detection(trace_depth=5),
@@ -402,7 +407,11 @@ def test_logging_with_its_handler_lock_held_by_another_thread(
     old_level = app_logger.level
     app_logger.setLevel(logging.INFO)
     if who_logs == "aiocop_errors":
-        aiocop.register_slow_task_callback(lambda event: 1 / 0)
+
+        def failing(event: aiocop.SlowTaskEvent) -> None:
+            1 / 0
+
+        aiocop.register_slow_task_callback(failing)
     elif who_logs == "log_events":
         aiocop.log_events(repeat_interval_s=0)
 

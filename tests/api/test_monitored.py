@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -14,6 +15,9 @@ from tests.conftest import Collector, run_on, xfail_on_veloxloop
 from tests.stalls.test_watchdog import only_event, timed_stall, watchdog  # noqa: F401 - fixture
 from tests.support import stalls
 
+if TYPE_CHECKING:
+    import contextlib
+
 Watchdog = Collector
 
 
@@ -22,7 +26,7 @@ def test_unmonitored_scope_hides_only_its_own_tasks(
 ) -> None:
     xfail_on_veloxloop(request, loop_name)
 
-    async def request(path: str, sampled: bool) -> None:
+    async def serve(path: str, sampled: bool) -> None:
         with aiocop.monitored(enabled=sampled):
             await asyncio.sleep(0)
             os.stat(path)  # both requests block, interleaved on one loop
@@ -35,7 +39,7 @@ def test_unmonitored_scope_hides_only_its_own_tasks(
         os.listdir(path)
 
     async def main() -> None:
-        await asyncio.gather(request("/", sampled=True), request(".", sampled=False))
+        await asyncio.gather(serve("/", sampled=True), serve(".", sampled=False))
         os.stat("/")  # outside any scope: monitored, as by default
 
     run_on(loop_name, main())
@@ -56,7 +60,7 @@ def test_unmonitored_call_does_not_raise(detector: Collector, loop_name: str) ->
     async def sampled() -> None:
         os.stat(".")
 
-    async def main() -> list[object]:
+    async def main() -> tuple[str | BaseException, BaseException | None]:
         aiocop.enable_raise_on_violations(level="low")
         return await asyncio.gather(unsampled(), sampled(), return_exceptions=True)
 
@@ -105,7 +109,7 @@ def test_stalls_of_unmonitored_tasks_are_not_reported(
     assert (event.task_name == "marker") is not sampled, event.task_name
 
 
-SHARED_SCOPES = {
+SHARED_SCOPES: dict[str, contextlib.AbstractContextManager[object]] = {
     "monitored": aiocop.monitored(enabled=False),
     "allow_blocking": aiocop.allow_blocking("os.stat"),
     "raise_on_violations": aiocop.raise_on_violations(),
@@ -146,7 +150,7 @@ def test_task_setting_is_restored_when_the_scope_exits(detector: Collector, loop
     async def main() -> list[object]:
         task = asyncio.current_task()
         assert task is not None
-        seen = []
+        seen: list[object] = []
 
         def setting() -> tuple[object, object]:
             get_context = getattr(task, "get_context", None)

@@ -178,7 +178,7 @@ _request: contextvars.ContextVar[Marker | None] = contextvars.ContextVar("reques
 def _survivors(loop_name: str) -> list[bool]:
     """Run a task with one detected call; which of its result, context value, task and loop outlive the run."""
     result, value = Marker(), Marker()
-    watched = [weakref.ref(result), weakref.ref(value)]
+    watched: list[weakref.ref[object]] = [weakref.ref(result), weakref.ref(value)]
 
     async def step(answer: Marker) -> Marker:
         os.getcwd()  # detected

@@ -708,7 +708,7 @@ def test_a_script_delivered_to_a_reused_pid_does_nothing(targets: Any, monkeypat
     monkeypatch.setattr(_attach_files.Pin, "check", lambda self: None)  # past the attaching side's own check
     monkeypatch.setattr(_attach_files.Pin, "exited", lambda self: False)
     monkeypatch.setenv("AIOCOP_ATTACH_START_TIMEOUT_S", "2")
-    with pytest.raises(_attach.AttachError, match=f"PID {target.pid} did not run aiocop's script within 2 s"):
+    with pytest.raises(_attach_files.AttachError, match=f"PID {target.pid} did not run aiocop's script within 2 s"):
         _attach.attach(target.pid, 1.0, None)
     time.sleep(0.5)  # the script has run by now (the target's loop wakes every 50 ms)
     assert inside(target.pid, STATE) == before
@@ -735,7 +735,7 @@ def test_a_reused_pid_is_refused_before_anything_is_sent(targets: Any, monkeypat
         return ticks if calls == 1 or ticks is None else ticks + 1
 
     monkeypatch.setattr(_attach_files, "start_ticks", reused)
-    with pytest.raises(_attach.AttachError, match=f"PID {target.pid} is no longer the process aiocop was asked"):
+    with pytest.raises(_attach_files.AttachError, match=f"PID {target.pid} is no longer the process aiocop was asked"):
         _attach.attach(target.pid, 1.0, None)
     assert inside(target.pid, STATE)["aiocop"] == []
     assert leftovers(target.pid) == []

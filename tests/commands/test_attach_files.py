@@ -14,13 +14,17 @@ import re
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from aiocop._commands.attach import command as _attach
-from aiocop._commands.attach import files as _attach_files
 from aiocop._commands.attach.files import AttachError, Exchange, Pin, agent_sources, check_path, temporary_folder
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 ROOT = Path(__file__).resolve().parents[2]
 NOBODY = 65534
@@ -28,7 +32,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give fi
 
 
 @pytest.fixture
-def exchange(tmp_path: Path) -> Exchange:
+def exchange(tmp_path: Path) -> Iterator[Exchange]:
     pin = Pin.take(os.getpid())
     made = Exchange(tmp_path, pin)
     yield made
@@ -55,7 +59,8 @@ def test_a_hard_link_is_refused(exchange: Exchange, tmp_path: Path) -> None:
 
 def _replacing_fstat(exchange: Exchange, times: int) -> object:
     """os.fstat, after the target writes status.json anew (as it does: os.replace) the first `times` times."""
-    real, done = os.fstat, []
+    real = os.fstat
+    done: list[int] = []
 
     def fstat(fd: int) -> os.stat_result:
         if len(done) < times:
@@ -187,7 +192,7 @@ def test_a_temporary_directory_others_can_write_in_is_refused(tmp_path: Path, mo
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)
     monkeypatch.setenv("TMPDIR", str(shared))
-    monkeypatch.setattr(_attach_files.tempfile, "tempdir", None)
+    monkeypatch.setattr(tempfile, "tempdir", None)  # the module attach reads it from
     with pytest.raises(AttachError, match=r"^the temporary directory \(TMPDIR, else /tmp\): .*shared can be written"):
         temporary_folder(frozenset({0, os.geteuid()}))
 

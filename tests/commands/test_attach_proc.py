@@ -7,6 +7,7 @@ of aiocop's code; the end-to-end case is in tests/commands/test_attach.py (3.14+
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 import threading
@@ -107,7 +108,7 @@ def test_what_proc_says_is_read_defensively(
 ) -> None:
     files = {"stat": stat, "syscall": syscall, "wchan": wchan}
     monkeypatch.setattr(_attach_proc, "_read", lambda path: files[path.rpartition("/")[2]])
-    monkeypatch.setattr(_attach_proc.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")  # as proc.py reads it
     assert thread_wait(1, 1) == expected
     assert "\x1b" not in expected.describe()
 

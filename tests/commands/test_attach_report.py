@@ -248,7 +248,7 @@ STEP: dict[str, Any] = {
     "samples": [{"count": 3, "trace": "app.py:1:f", "app_site": "app.py:1:f", "frames": [FRAME], "app_frame": -1}],
     "dropped_calls": 0,
 }
-TIMELINE = {"steps": [STEP], "steps_dropped": 0, "duration_ms": 1000.0}
+TIMELINE: dict[str, Any] = {"steps": [STEP], "steps_dropped": 0, "duration_ms": 1000.0}
 
 
 def test_hangs_and_steps_are_kept_and_a_hang_renders_as_run_prints_it() -> None:

@@ -457,7 +457,10 @@ def refused_in_process(capsys: pytest.CaptureFixture[str], *args: str | Path) ->
     steps = _cli.session([str(arg) for arg in args])
     with pytest.raises((StopIteration, SystemExit)) as refused:
         next(steps)
-    status = refused.value.value if isinstance(refused.value, StopIteration) else refused.value.code
+    error = refused.value
+    assert isinstance(error, (StopIteration, SystemExit))
+    status = error.value if isinstance(error, StopIteration) else error.code
+    assert isinstance(status, int), status
     assert not aiocop.is_monitoring_active()
     assert not aiocop.get_patched_functions()
     return status, capsys.readouterr().err

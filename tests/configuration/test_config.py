@@ -17,7 +17,6 @@ import pytest
 
 import aiocop
 from aiocop import _api
-from aiocop._common import inputs as _inputs
 from aiocop._configuration import baseline as _baseline
 from aiocop._configuration import config as _config
 from aiocop._configuration.config import ConfigError, ProjectConfig, load_config
@@ -380,7 +379,8 @@ def owned_by_someone_else(path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         os.chown(path, OTHER_UID, -1)
         return f"uid {OTHER_UID}"
     me = os.geteuid()
-    monkeypatch.setattr(_inputs.os, "geteuid", lambda: me + 1)  # the file is then neither "mine" nor root's
+    # os.geteuid, as inputs.py reads it: the file is then neither "mine" nor root's.
+    monkeypatch.setattr(os, "geteuid", lambda: me + 1)
     return f"uid {me}"
 
 
@@ -522,7 +522,7 @@ def test_a_file_of_another_user_is_refused_found_or_named_unless_trusted(
 ) -> None:
     path = pyproject(tmp_path, 'fail_on = "low"')
     owner = owned_by_someone_else(path, monkeypatch)
-    reason = f"it belongs to another user ({owner}; you are uid {_inputs.os.geteuid()})"
+    reason = f"it belongs to another user ({owner}; you are uid {os.geteuid()})"
     monkeypatch.chdir(tmp_path)
     # Found as the project's own: refused, not ignored (its fail_on would be dropped unseen).
     with pytest.raises(ConfigError) as raised:
@@ -752,10 +752,10 @@ def test_plain_pytest_under_a_hostile_parent_runs_as_without_aiocop(
     if kind == "tool-not-a-table":
         # `tool = 3` breaks pytest itself (its own search reads the file, and
         # raises out of pytest.main): the same with or without aiocop.
-        without, plain = run_pytest(project, "-p", "no:aiocop"), run_pytest(project)
-        assert plain.returncode == without.returncode == 1, plain.stderr
-        assert "aiocop" not in plain.stdout + plain.stderr
-        assert plain.stderr == without.stderr
+        without_run, plain_run = run_pytest(project, "-p", "no:aiocop"), run_pytest(project)
+        assert plain_run.returncode == without_run.returncode == 1, plain_run.stderr
+        assert "aiocop" not in plain_run.stdout + plain_run.stderr
+        assert plain_run.stderr == without_run.stderr
         return
     # pytest in this process (a process each cost 1 s of CPU on every Python):
     # switched off, the plugin reads nothing and starts nothing.

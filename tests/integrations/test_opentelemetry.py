@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import http.server
+import inspect
 import logging
 import os
 import subprocess
@@ -17,7 +18,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -40,7 +41,8 @@ from tests.conftest import ROOT, loop_factory, quiet_rloop, reset_aiocop, run_on
 from tests.support import stalls
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    import weakref
+    from collections.abc import Callable, Iterator
 
     from opentelemetry import trace
 
@@ -72,11 +74,12 @@ class Metrics:
 
     def total(self, name: str, **attributes: Any) -> float:
         """The sum of the counter's points whose attributes include these."""
-        return sum(
+        values: list[float] = [
             point.value
             for point in self.points(name)
             if all(point.attributes.get(key.replace("_", ".")) == value for key, value in attributes.items())
-        )
+        ]
+        return sum(values)
 
     def wait_for(self, name: str, at_least: float = 1, timeout: float = 10.0, **attributes: Any) -> float:
         deadline = time.monotonic() + timeout
@@ -99,8 +102,8 @@ def instrumented() -> Iterator[tuple[Metrics, dict[str, Any]]]:
         reset_aiocop()
 
 
-def line_of(function: Any, marker: str) -> int:
-    lines, first = __import__("inspect").getsourcelines(function)
+def line_of(function: Callable[..., object], marker: str) -> int:
+    lines, first = inspect.getsourcelines(function)
     return first + next(i for i, text in enumerate(lines) if marker in text)
 
 
@@ -305,7 +308,8 @@ def test_span_events_land_on_the_span_current_at_the_call(
     ((name, stall),) = events["request-B"]
     assert name == "aiocop.stall"
     assert stall["code.function.name"] == "spin"
-    assert stall["aiocop.duration"] >= TIMED_AT_LEAST_S
+    duration = stall["aiocop.duration"]
+    assert isinstance(duration, (int, float)) and duration >= TIMED_AT_LEAST_S, duration
 
 
 def test_span_events_are_rate_limited_per_call_site(
@@ -423,7 +427,10 @@ class OtlpReceiver:
         from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-        kinds = {"/v1/metrics": ExportMetricsServiceRequest, "/v1/traces": ExportTraceServiceRequest}
+        kinds: dict[str, Callable[[bytes], object]] = {
+            "/v1/metrics": ExportMetricsServiceRequest.FromString,
+            "/v1/traces": ExportTraceServiceRequest.FromString,
+        }
         self.received: dict[str, list[Any]] = {path: [] for path in kinds}
         received = self.received
 
@@ -432,7 +439,7 @@ class OtlpReceiver:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
-                received[self.path].append(kinds[self.path].FromString(body))
+                received[self.path].append(kinds[self.path](body))
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
@@ -531,7 +538,7 @@ def test_what_is_recorded_is_what_the_reference_page_lists(
     data = metrics.reader.get_metrics_data()
     assert data is not None
     recorded = {
-        m.name: (type(m.data).__name__, m.unit, {k for p in m.data.data_points for k in p.attributes})
+        m.name: (type(m.data).__name__, m.unit, {k for p in m.data.data_points for k in p.attributes or {}})
         for resource in data.resource_metrics
         for scope in resource.scope_metrics
         for m in scope.metrics
@@ -579,7 +586,11 @@ def test_the_same_points_when_a_callback_read_the_event_first(instrumented: tupl
         options["meter_provider"] = MeterProvider(metric_readers=[metrics.reader])
         AiocopInstrumentor().instrument(**options)
         if read_first:
-            aiocop.register_slow_task_callback(lambda event: event.blocking_events)
+
+            def read_the_calls(event: aiocop.SlowTaskEvent) -> None:
+                event.blocking_events  # built on first read
+
+            aiocop.register_slow_task_callback(read_the_calls)
         asyncio.run(stat_then_stall())
         metrics.wait_for("aiocop.stalls")
         points.append(
@@ -773,10 +784,11 @@ def test_the_part_of_a_ticks_lateness_a_stall_explains_is_taken_out() -> None:
     probe = DelayProbe(0.5, recorded.append)
     probe.stalled(7, 10.0, 10.06)  # a 60 ms stall of thread 7's loop
     probe.stalled(8, 10.0, 10.5)  # another loop's
-    probe._unsettled[1] = (10.0, 10.08, 7)  # a tick 80 ms late, over the stall
-    probe._settle(1)
-    probe._unsettled[1] = (11.0, 11.03, 7)  # one 30 ms late with no stall
-    probe._settle(1)
+    loop = cast("weakref.ref[asyncio.AbstractEventLoop]", 1)  # a key standing for a loop's weak reference
+    probe._unsettled[loop] = (10.0, 10.08, 7)  # a tick 80 ms late, over the stall
+    probe._settle(loop)
+    probe._unsettled[loop] = (11.0, 11.03, 7)  # one 30 ms late with no stall
+    probe._settle(loop)
     assert [round(x, 6) for x in recorded] == [0.02, 0.03]
 
 

@@ -336,7 +336,7 @@ def test_prometheus_sums_the_workers_of_a_fleet(command: str, tmp_path: Path) ->
         # Every stall, and any probe that a busy machine held up as long (no stall explains it: recorded too).
         wait_until("the stalls in the delay histogram", lambda: (prometheus.value(above) or 0) >= stalling, timeout=30)
         assert reported["delay_le_+Inf"] - reported["delay_le_0.05"] >= stalling
-        assert prometheus.value('sum(asyncio_eventloop_delay_seconds_bucket{le="0.05"})') > 0  # the probe's
+        assert (prometheus.value('sum(asyncio_eventloop_delay_seconds_bucket{le="0.05"})') or 0) > 0  # the probe's
 
         # The dashboards' queries of docs/how-to/prometheus.md.
         # (increase() and rate() need two scrapes of a series: they answer a second or two later.)

@@ -19,7 +19,7 @@ from tests.conftest import Collector, run_on
 from tests.support import blocking_calls
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterator
+    from collections.abc import AsyncGenerator, Callable, Iterator
 
 
 def test_allow_by_event_globally(detector: Collector, loop_name: str) -> None:
@@ -87,7 +87,7 @@ def test_scopes_decorate_generators_around_each_resumption(detector: Collector, 
     # A generator runs a bit at each resumption, in its consumer's context:
     # the scope covers the generator's own code, never the consumer's.
     @aiocop.allow_blocking("os.stat")
-    async def listing() -> AsyncIterator[int]:
+    async def listing() -> AsyncGenerator[int, str | None]:
         for i in range(3):
             os.stat(".")
             sent = yield i
@@ -328,7 +328,7 @@ def test_allowed_and_harmless_calls_are_dropped_before_their_trace_is_read(
     [
         pytest.param(aiocop.add_allow_rule, id="add_allow_rule()"),
         pytest.param(aiocop.AllowRule, id="AllowRule()"),
-        pytest.param(lambda: aiocop.AllowRule(events=()), id="AllowRule(events=())"),
+        pytest.param(lambda: aiocop.AllowRule(events=()), id="AllowRule(events=())"),  # type: ignore[arg-type]  # a tuple
         pytest.param(lambda: aiocop.add_allow_rule(*[]), id="add_allow_rule(*empty_list)"),
     ],
 )

@@ -264,7 +264,7 @@ CALLS: dict[str, Callable[[pathlib.Path], object]] = {
     "pathlib.Path.read_bytes": lambda tmp: (tmp / "f").read_bytes(),
     "pathlib.Path.write_text": lambda tmp: (tmp / "g").write_text("x"),
     "pathlib.Path.write_bytes": lambda tmp: (tmp / "g").write_bytes(b"x"),
-    "ssl.SSLContext.load_dh_params": lambda tmp: ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_dh_params(DH),
+    "ssl.SSLContext.load_dh_params": lambda tmp: ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_dh_params(str(DH)),
     "os.replace": lambda tmp: os.replace(tmp / "f", tmp / "b"),
     "os.unlink": lambda tmp: os.unlink(tmp / "f"),
     "os.path.abspath": _relative_abspath,
@@ -346,10 +346,10 @@ def _dict_keys(source: str, name: str) -> list[str]:
                     if isinstance(value, ast.BinOp):  # {...} | OTHER_DICT
                         value = value.left
                     assert isinstance(value, ast.Dict)
-                    keys += [k.value for k in value.keys if isinstance(k, ast.Constant)]
+                    keys += [str(k.value) for k in value.keys if isinstance(k, ast.Constant)]
                 elif isinstance(target, ast.Subscript) and ast.unparse(target.value) == name:
                     assert isinstance(target.slice, ast.Constant)
-                    keys.append(target.slice.value)
+                    keys.append(str(target.slice.value))
     assert keys, f"no {name} in the sdist"
     return keys
 

@@ -5,11 +5,17 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from typing import TYPE_CHECKING
 
 import pytest
 
 import aiocop
-from tests.conftest import Collector, run_on, xfail_on_veloxloop
+from tests.conftest import Collector, bare_raise_on_violations, run_on, xfail_on_veloxloop
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine
+
+    Guarded = Callable[[], Coroutine[object, object, None]]
 
 # A sleep raise_on_violations stops: over the 30 ms threshold (a shorter one
 # is let through, as 1.x did). Stopped before it runs, it costs nothing.
@@ -114,7 +120,7 @@ def test_enable_with_level(detector: Collector, loop_name: str) -> None:
 @pytest.mark.parametrize("parentheses", [True, False], ids=["called", "bare"])
 def test_decorator_on_coroutine_function(detector: Collector, loop_name: str, parentheses: bool) -> None:
     # `@aiocop.raise_on_violations()`, and without the parentheses too.
-    decorator = aiocop.raise_on_violations() if parentheses else aiocop.raise_on_violations
+    decorator: Callable[[Guarded], Guarded] = aiocop.raise_on_violations() if parentheses else bare_raise_on_violations
 
     @decorator
     async def guarded() -> None:

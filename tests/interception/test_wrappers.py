@@ -35,7 +35,7 @@ from tests.support.pytester_args import QUIET
 from tests.support.transparency_idioms import DOCUMENTED_DIFFERENCES, IDIOMS
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 _FEATURE_SETS = sorted(name for name in dir(os) if name.startswith("supports_") and isinstance(getattr(os, name), set))
 
@@ -246,9 +246,15 @@ def test_a_wrapped_call_is_one_frame_deeper_at_most() -> None:
     # The stack the original sees (here a Python original, Event.wait, whose
     # condition's wait counts the frames above it), with aiocop and without.
     def depth_at_the_wait() -> int:
-        depth = []
+        depth: list[int] = []
         event = threading.Event()
-        event._cond.wait = lambda timeout=None: depth.append(len(traceback.extract_stack())) or True  # type: ignore[method-assign]
+
+        def counting_wait(timeout: float | None = None) -> bool:
+            depth.append(len(traceback.extract_stack()))
+            return True
+
+        condition: threading.Condition = vars(event)["_cond"]  # the event's own (CPython's Event)
+        condition.wait = counting_wait  # type: ignore[method-assign]  # in place of the real wait
 
         async def main() -> None:
             event.wait(5)
@@ -272,8 +278,9 @@ def test_a_wrapped_function_as_a_class_attribute_is_not_bound() -> None:
     try:
 
         class Backoff:
-            sleep = time.sleep
-            stat = os.stat
+            # Typed as attributes of the instance: mypy would read them as methods.
+            sleep: Callable[[float], None] = time.sleep
+            stat: Callable[[str], os.stat_result] = os.stat
 
         backoff = Backoff()
         backoff.sleep(0)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from aiocop._model.events import SlowTaskEvent
+from aiocop._model.events import BlockingEventInfo, SlowTaskEvent
 from aiocop._reporting import exports as _exports
 from aiocop._reporting import html_report as _html
 from aiocop._reporting import timeline as _timeline
@@ -638,7 +638,12 @@ def _dumps_and_sleep() -> dict[str, Any]:
     """2.4 s of json.dumps, sampled 3 times (it holds the GIL), then a 1.3 s sleep sampled 60 times (issue 37)."""
     dumps = [("/lib/json/encoder.py", 258, "iterencode"), ("/lib/json/__init__.py", 231, "dumps")]
     encode, nap = ("/app/app.py", 13, "encode"), ("/app/app.py", 19, "nap")
-    sleep: Any = {"event": "time.sleep(1.3)", "trace": "", "entry_point": "/app/app.py:19:nap", "severity": 50}
+    sleep: BlockingEventInfo = {
+        "event": "time.sleep(1.3)",
+        "trace": "",
+        "entry_point": "/app/app.py:19:nap",
+        "severity": 50,
+    }
     return _model(
         _stall("main", [([*dumps, encode], 3)], 2400.0, "/app/app.py:13:encode"),
         SlowTaskEvent(

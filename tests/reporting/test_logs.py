@@ -156,7 +156,7 @@ def test_log_events_rejects_bad_arguments(kwargs: dict[str, object], error: type
     with pytest.raises(error, match=message):
         aiocop.log_events(**kwargs)  # type: ignore[arg-type]
     with pytest.raises((TypeError, ValueError)):
-        aiocop.structlog.log_events(**{k: v for k, v in kwargs.items() if k != "level"}, level="loud")
+        aiocop.structlog.log_events(**{k: v for k, v in kwargs.items() if k != "level"}, level="loud")  # type: ignore[arg-type]
 
 
 def test_structlog_one_entry_per_call_site(detector: Collector, loop_name: str) -> None:

@@ -16,7 +16,7 @@ import inspect
 import os
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -24,9 +24,12 @@ import aiocop
 from aiocop._interception import loops as _loops
 from aiocop._reporting.logs import headline
 from aiocop._reporting.report import Summary
-from tests.conftest import Collector, loop_factory, run_on
+from tests.conftest import Collector, bare_raise_on_violations, loop_factory, run_on
 from tests.stalls.test_watchdog import close_enough
 from tests.support import stalls
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine
 
 try:  # imported now, before any test sets aiocop up: it binds the start signals as they are
     from tests.support import bound_loop
@@ -80,7 +83,7 @@ async def clean(name: str) -> None:
     await asyncio.sleep(0)
 
 
-KINDS = {"io": blocking, "cpu": stalling, "clean": clean}
+KINDS: dict[str, Callable[[str], Coroutine[Any, Any, None]]] = {"io": blocking, "cpu": stalling, "clean": clean}
 # Interleaved as a server's requests would be: an io step, then a CPU-bound
 # step of another task in the same loop iteration, then a clean one, ...
 BURST = [f"{kind}-{i}" for i in range(3) for kind in ("io", "cpu", "clean")]
@@ -88,7 +91,10 @@ BURST = [f"{kind}-{i}" for i in range(3) for kind in ("io", "cpu", "clean")]
 
 async def burst(gap: float, names: list[str] = BURST, stall_s: float = STALL_S) -> None:
     await asyncio.sleep(gap)  # the loop idles this long before the burst
-    kinds = {**KINDS, "cpu": functools.partial(stalling, seconds=stall_s)}
+    kinds: dict[str, Callable[[str], Coroutine[Any, Any, None]]] = {
+        **KINDS,
+        "cpu": functools.partial(stalling, seconds=stall_s),
+    }
     tasks = [asyncio.ensure_future(kinds[name.partition("-")[0]](name)) for name in names]
     for task, name in zip(tasks, names, strict=True):
         task.set_name(name)
@@ -183,7 +189,7 @@ def test_with_delivery_thread_too_every_event_arrives_before_the_run_returns(wat
 def test_a_stall_in_a_decorated_task_coroutine_is_reported(watched: Collector, loop_name: str) -> None:
     # The task's own coroutine is one of aiocop's scope wrappers: its step is
     # the application's (only aiocop's deliveries are left out).
-    @aiocop.raise_on_violations
+    @bare_raise_on_violations  # @aiocop.raise_on_violations, typed
     async def decorated() -> None:
         stalls.spin(STALL_S)
 

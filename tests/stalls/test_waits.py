@@ -121,7 +121,7 @@ class Scheduler:
             native_id = thread.native_id if thread is not None and thread.native_id is not None else 0
         try:
             task = f"/proc/self/task/{native_id}"
-            self.fds = os.open(f"{task}/schedstat", os.O_RDONLY), os.open(f"{task}/stat", os.O_RDONLY)
+            self.fds: tuple[int, ...] = os.open(f"{task}/schedstat", os.O_RDONLY), os.open(f"{task}/stat", os.O_RDONLY)
         except OSError:
             self.fds = ()
 

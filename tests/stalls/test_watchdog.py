@@ -575,7 +575,7 @@ def test_start_cpu_sampling_options_and_validation(watchdog: Collector, loop_nam
     assert 1 <= sum(s["count"] for s in event.cpu_stack_samples) <= 3
     for bad in ({"interval_ms": 0}, {"max_samples_per_slice": 0}, {"trace_depth": "x"}):
         with pytest.raises((ValueError, TypeError)):
-            aiocop.start_cpu_sampling(**bad)  # type: ignore[arg-type]
+            aiocop.start_cpu_sampling(**bad)
     aiocop.start_cpu_sampling()
 
 
@@ -738,7 +738,7 @@ def test_held_stall_events_keep_no_task_or_context_alive(watchdog: Collector, lo
     # the stalled task, its result or its context's values alive, whether the
     # stall is reported alone or joins the io event of its step.
     result, value = Marker(), Marker()
-    watched = [weakref.ref(result), weakref.ref(value)]
+    watched: list[weakref.ref[object]] = [weakref.ref(result), weakref.ref(value)]
 
     async def step(answer: Marker) -> Marker:
         if with_call:

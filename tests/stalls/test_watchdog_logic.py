@@ -22,7 +22,7 @@ import logging
 import sys
 import threading
 from collections import deque
-from types import SimpleNamespace
+from types import GeneratorType, SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -42,8 +42,12 @@ from aiocop._stalls.timing import Step
 from tests.support.scripted import Frames, StubLoop, asyncio_frames, c_loop_frames, watch_of
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Generator, Iterator
     from types import FrameType
+
+    from typing_extensions import TypeVarTuple, Unpack
+
+    Ts = TypeVarTuple("Ts")  # call_soon_threadsafe's arguments, as typeshed types them
 
     from tests.support.scripted import ScriptedWatch
 
@@ -747,7 +751,12 @@ def test_step_stopped_with_its_loop_reported_once(rec: Recorded, frames: Frames)
 def test_stall_goes_to_its_io_event_once(rec: Recorded, frames: Frames, monkeypatch: pytest.MonkeyPatch) -> None:
     """One report per stall: a stall its step's io event takes (pending, or delivered already) is not reported alone."""
     taken: list[Stall] = []
-    use_sink(monkeypatch, attach_to_io=lambda watch, stall: taken.append(stall) or True)
+
+    def attach_to_io(watch: object, stall: Stall) -> bool:
+        taken.append(stall)
+        return True
+
+    use_sink(monkeypatch, attach_to_io=attach_to_io)
     looks = Looks()
     hang_script(looks, frames, [0.25])
     looks.at(100.5, 1.0, frames.idle)
@@ -854,7 +863,8 @@ def test_reporter_queue_drops_the_oldest(rec: Recorded) -> None:
     for n in range(_hangs._MAX_QUEUED + 6):
         reporter.submit(n)  # type: ignore[arg-type]
     assert reporter.dropped == 6
-    assert list(reporter._queue) == list(range(6, _hangs._MAX_QUEUED + 6))
+    queued: list[object] = list(reporter._queue)  # the numbers submitted in place of hangs
+    assert queued == list(range(6, _hangs._MAX_QUEUED + 6))
 
 
 def test_reporter_logs_a_stuck_callback_once_per_run(
@@ -931,7 +941,9 @@ class ArmableLoop(asyncio.SelectorEventLoop):
     def is_running(self) -> bool:
         return self.pretend_running
 
-    def call_soon_threadsafe(self, callback: Any, *args: Any, context: Any = None) -> Any:
+    def call_soon_threadsafe(
+        self, callback: Callable[[Unpack[Ts]], object], *args: Unpack[Ts], context: contextvars.Context | None = None
+    ) -> Any:
         self.calls.append((callback, args))
 
 
@@ -1311,11 +1323,12 @@ def test_entering_reads_the_frames_instruction(rec: Recorded) -> None:
 
     assert not _stacks.entering(caller())
 
-    def gen() -> Iterator[int]:
+    def gen() -> Generator[int, None, None]:
         yield 1
 
     g = gen()
     next(g)
+    assert isinstance(g, GeneratorType)
     assert g.gi_frame is not None and _stacks.entering(g.gi_frame)
 
 

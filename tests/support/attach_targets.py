@@ -43,7 +43,8 @@ def _ended(seconds: float | None, began: float, since: list[float]) -> bool:
 
 async def serve(seconds: float | None) -> None:
     print("awake" if sys.argv[1] == "asleep" else "ready", flush=True)
-    began, since = time.monotonic(), []
+    began = time.monotonic()
+    since: list[float] = []
     n = 0
     tasks = set()
     while not _ended(seconds, began, since):

@@ -24,7 +24,7 @@ _bound_set_hooks = sys.set_asyncgen_hooks
 _bound_set_running = asyncio.events._set_running_loop
 
 
-class BoundLoop(uvloop.Loop):  # type: ignore[misc]
+class BoundLoop(uvloop.Loop):
     def run_forever(self) -> None:
         # uvloop looks both up at every run: give it the import-time ones for
         # this run, as a loop that bound them would use. (Process-wide for the

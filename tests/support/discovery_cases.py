@@ -18,13 +18,21 @@ import logging
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvloop
 
 from aiocop._common.clock import perf_counter
 from aiocop._interception import loops as _loops
 from aiocop._stalls import discovery as _discovery
+
+if TYPE_CHECKING:
+    import contextvars
+    from collections.abc import Callable
+
+    from typing_extensions import TypeVarTuple, Unpack
+
+    Ts = TypeVarTuple("Ts")  # call_soon_threadsafe's arguments, as typeshed types them
 
 WAIT_S = 30.0  # for a thread to reach its parking place: a busy machine's worst day
 
@@ -151,7 +159,9 @@ def case_stepping_found_at_once() -> dict[str, object]:
         _, own_thread = loops.stepping("own-class", gate, AppLoop)
         found = look(_discovery.Finder())
         threads = {thread.ident: "stepping", own_thread.ident: "own-class"}
-        result = {"found": sorted((threads.get(w.thread_id, w.thread_name), w.base_frame is not None) for w in found)}
+        result: dict[str, object] = {
+            "found": sorted((threads.get(w.thread_id, w.thread_name), w.base_frame is not None) for w in found)
+        }
         gate.set()
         return result
     finally:
@@ -166,6 +176,9 @@ class AppLoop(asyncio.SelectorEventLoop):
 class Lazy:
     """The mechanism of django.utils.functional.LazyObject, reduced: `__class__` evaluates the factory."""
 
+    _factory: Callable[[], object]
+    _wrapped: object
+
     def __init__(self, factory: Any) -> None:
         self.__dict__["_factory"] = factory
         self.__dict__["_wrapped"] = None
@@ -178,7 +191,11 @@ class Lazy:
 
 
 class AppLoopProxy(asyncio.AbstractEventLoop):
-    """An application's facade over its loop: asked anything, it runs the application's code (and raises)."""
+    """An application's facade over its loop: asked anything, it runs the application's code (and raises).
+
+    Only what the watchdog might ask of a loop is written: mypy calls it
+    abstract where it is made (asyncio's base class is no ABC at run time).
+    """
 
     calls: list[str] = []  # noqa: RUF012
 
@@ -186,7 +203,9 @@ class AppLoopProxy(asyncio.AbstractEventLoop):
         AppLoopProxy.calls.append(threading.current_thread().name)
         raise NotImplementedError
 
-    def call_soon_threadsafe(self, *args: Any, **kwargs: Any) -> Any:
+    def call_soon_threadsafe(
+        self, callback: Callable[[Unpack[Ts]], object], *args: Unpack[Ts], context: contextvars.Context | None = None
+    ) -> Any:
         AppLoopProxy.calls.append(threading.current_thread().name)
         raise NotImplementedError
 
@@ -205,11 +224,11 @@ def case_application_objects() -> dict[str, object]:
     inside = threading.Event()
 
     def handler() -> int:  # a step on the stack, objects in the frame below it
-        user, proxy = Lazy(load_user), AppLoopProxy()  # noqa: F841
+        user, proxy = Lazy(load_user), AppLoopProxy()  # type: ignore[abstract]  # noqa: F841 - a facade: see its class
         return sum(1 for _ in rows(gate, inside))
 
     # A script's frame (its locals are a dict: read on every Python) idle in a C call.
-    namespace = {"park": park, "user": Lazy(load_user), "proxy": AppLoopProxy()}
+    namespace = {"park": park, "user": Lazy(load_user), "proxy": AppLoopProxy()}  # type: ignore[abstract]  # a facade
     code = compile("park.acquire()\npark.release()", "<script>", "exec")
     threads = [start(handler, name="handler"), start(exec, code, namespace, name="script")]
     inside.wait(WAIT_S)
@@ -238,8 +257,12 @@ def case_one_bad_thread() -> dict[str, object]:
     loops = Loops()
     gate, inside = threading.Event(), threading.Event()
     records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
+
+    class Recording(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Recording()
     logger = logging.getLogger("aiocop")
     logger.addHandler(handler)
     original = _discovery._step_edge

@@ -180,7 +180,7 @@ def process_pool(work: str) -> Any:
 
 @idiom
 def multiprocessing_contexts(work: str) -> Any:
-    results = []
+    results: list[tuple[str, object]] = []
     for method in ("fork", "forkserver", "spawn"):
         if method not in multiprocessing.get_all_start_methods():
             results.append((method, "unavailable"))
@@ -303,7 +303,14 @@ def ssl_socket_against_a_plain_peer(work: str) -> Any:
 @idiom
 def sleep_arguments(work: str) -> Any:
     outcomes = []
-    for call in (lambda: time.sleep(0), lambda: time.sleep(secs=0), lambda: time.sleep(-1), lambda: time.sleep("1")):
+    # Calls wrong on purpose: the wrapper must refuse them as the original does.
+    sleeps: tuple[Callable[[], object], ...] = (
+        lambda: time.sleep(0),
+        lambda: time.sleep(secs=0),  # type: ignore[call-arg]
+        lambda: time.sleep(-1),
+        lambda: time.sleep("1"),  # type: ignore[arg-type]
+    )
+    for call in sleeps:
         try:
             call()
             outcomes.append("ok")
@@ -316,12 +323,13 @@ def sleep_arguments(work: str) -> Any:
 def lock_arguments(work: str) -> Any:
     outcomes = []
     lock = threading.Lock()
-    calls = (
-        lambda: lock.acquire(blocking="no"),
+    # Calls wrong on purpose: the wrapper must refuse them as the original does.
+    calls: tuple[Callable[[], object], ...] = (
+        lambda: lock.acquire(blocking="no"),  # type: ignore[arg-type]
         lambda: lock.acquire(timeout=-5),
         lambda: lock.acquire(False, 1),
         lambda: lock.__enter__(1),  # type: ignore[call-arg]
-        lambda: threading.RLock().acquire(timeout="x"),
+        lambda: threading.RLock().acquire(timeout="x"),  # type: ignore[arg-type]
     )
     for call in calls:
         try:
@@ -490,9 +498,10 @@ def pickling(work: str) -> Any:
 @idiom
 def as_class_attributes(work: str) -> Any:
     class Backoff:
-        sleep = time.sleep
-        stat = os.stat
-        cwd = os.getcwd
+        # Typed as attributes of the instance: mypy would read them as methods.
+        sleep: Callable[[float], None] = time.sleep
+        stat: Callable[[str], os.stat_result] = os.stat
+        cwd: Callable[[], str] = os.getcwd
 
     backoff = Backoff()
     backoff.sleep(0)
