@@ -33,6 +33,7 @@ from aiocop._interception import loops as _loops
 from aiocop._interception.frames import Kind
 from aiocop._stalls import settings as _settings
 from aiocop._stalls import tripwire as _tripwire
+from aiocop._stalls.state import state_of
 from aiocop._stalls.watchdog import watchdog
 from tests.conftest import Collector, run_on
 from tests.stalls.test_watchdog import stall_lines
@@ -89,7 +90,7 @@ def gone_quiet(loop: asyncio.AbstractEventLoop) -> bool:
     watch = watch_of(loop)
     if watch is None or not watchdog._sleeping_long:
         return False
-    return watch.watchdog.tripwire is not None if armable(loop) else True
+    return state_of(watch).tripwire is not None if armable(loop) else True
 
 
 async def stall_after_quiet(stall_s: float = STALL_S) -> tuple[bool, bool, bool]:
@@ -106,7 +107,7 @@ async def stall_after_quiet(stall_s: float = STALL_S) -> tuple[bool, bool, bool]
         # Once the watchdog is quiet (the loop armed), and the loop back in its selector.
         quiet = when(lambda: gone_quiet(loop))
         watch = watch_of(loop)
-        seen.append((quiet, watch is not None and watch.watchdog.armed))
+        seen.append((quiet, watch is not None and state_of(watch).armed))
         time.sleep(0.2)
         loop.call_soon_threadsafe(request)
 
@@ -338,13 +339,13 @@ def test_a_step_whose_module_name_is_no_string_trips_the_tripwire(quiet_watchdog
         loop.call_soon_threadsafe(namespace["handler"], ran)
         assert when(lambda: ran == [1])
         # (Tripped: noted when; armed again a look or two later, the loop being quiet.)
-        assert when(lambda: watch.watchdog.tripped > 0.0), "the tripwire did not trip"
+        assert when(lambda: state_of(watch).tripped > 0.0), "the tripwire did not trip"
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
     assert errors == []
-    assert not watch.watchdog.unarmable, "the tripwire failed on it"
+    assert not state_of(watch).unarmable, "the tripwire failed on it"
 
 
 def test_frame_kind_takes_any_module_name() -> None:
@@ -377,13 +378,13 @@ def test_a_tripwire_removed_behind_its_back_is_set_again(detector: Collector) ->
         assert when(lambda: gone_quiet(loop)), "the loop was never armed"
         watch = watch_of(loop)
         assert watch is not None
-        first = watch.watchdog.tripwire
+        first = state_of(watch).tripwire
         time.sleep(0.2)
         loop.call_soon_threadsafe(namespace["remove"], loop, _tripwire.PROFILE)
         time.sleep(0.2)
-        assert not watch.watchdog.tripped, "the removal tripped the tripwire: the test shows nothing"
+        assert not state_of(watch).tripped, "the removal tripped the tripwire: the test shows nothing"
         loop.call_soon_threadsafe(stalls.spin, 0.3)  # a step, seen by the watchdog's next look
-        assert when(lambda: watch.watchdog.tripwire is not first and watch.watchdog.armed), "never armed again"
+        assert when(lambda: state_of(watch).tripwire is not first and state_of(watch).armed), "never armed again"
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
@@ -404,8 +405,8 @@ def test_a_loop_whose_thread_has_a_profile_function_keeps_it(quiet_watchdog: Col
     def asked(loop: asyncio.AbstractEventLoop) -> bool:
         watch = watch_of(loop)
         if _tripwire.PROFILE:
-            return watch is not None and watch.watchdog.unarmable
-        return watch is not None and watch.watchdog.tripwire is not None
+            return watch is not None and state_of(watch).unarmable
+        return watch is not None and state_of(watch).tripwire is not None
 
     async def main() -> tuple[bool, object]:
         loop = asyncio.get_running_loop()
@@ -452,11 +453,11 @@ def test_a_loop_whose_thread_has_a_trace_function_is_armed(quiet_watchdog: Colle
         assert when(lambda: gone_quiet(loop)), "the loop was never armed"
         watch = watch_of(loop)
         assert watch is not None
-        assert watch.watchdog.armed
+        assert state_of(watch).armed
         time.sleep(0.2)
         loop.call_soon_threadsafe(handler)
         assert when(lambda: "return" in lines)
-        assert when(lambda: watch.watchdog.tripped > 0.0)
+        assert when(lambda: state_of(watch).tripped > 0.0)
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()

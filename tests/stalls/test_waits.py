@@ -27,6 +27,7 @@ from aiocop._stalls import settings as _settings
 from aiocop._stalls import tripwire as _tripwire
 from aiocop._stalls import waits as _waits
 from aiocop._stalls import watchdog as _watchdog_module
+from aiocop._stalls.state import state_of
 from tests.conftest import Collector, run_on
 from tests.stalls.test_watchdog import stall_lines
 from tests.support import stalls
@@ -95,7 +96,8 @@ def test_another_systems_or_machines_threads_are_never_planned_for(monkeypatch: 
 def _read(loop: asyncio.AbstractEventLoop) -> bool:
     # The watchdog has read the loop's wait (a look or two after it went idle).
     watch = next((w for w in _loops.watches.values() if w.loop is loop), None)
-    return watch is not None and watch.watchdog.wait is not None and watch.watchdog.wait.latest is not None
+    wait = state_of(watch).wait if watch is not None else None
+    return wait is not None and wait.latest is not None
 
 
 @dataclasses.dataclass
@@ -156,7 +158,7 @@ async def wait_as_the_timer_ends() -> Timed:
         # a second of quiet), its end planned for.
         await asyncio.sleep(1.0)
         # The wait the watchdog read (none is read while the loop runs a step).
-        wait = watch.watchdog.wait
+        wait = state_of(watch).wait
         timed.planned = wait.earliest if wait is not None else None
         start = time.perf_counter()
         timed.late_s = start - wait.latest if wait is not None and wait.latest is not None else 0.0

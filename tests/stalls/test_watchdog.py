@@ -21,6 +21,7 @@ import aiocop
 from aiocop._reporting import delivery as _delivery
 from aiocop._stalls import settings as _settings
 from aiocop._stalls import watchdog as _watchdog
+from aiocop._stalls.state import state_of
 from tests.conftest import (
     SLOW_CALLBACK_WARNING,
     Collector,
@@ -345,7 +346,7 @@ def tick_began() -> float:
     """
     from aiocop._interception import loops as _loops
 
-    started = _loops.watches[threading.get_ident()].watchdog.probe_started
+    started = state_of(_loops.watches[threading.get_ident()]).probe_started
     assert started is not None
     return started[0]
 

@@ -1027,7 +1027,7 @@ class TestProfileTripwire:
         watch.watchdog.armed = True
         woken: list[int] = []
         try:
-            assert _tripwire._set_profile(watch, lambda: woken.append(1), 5.0)
+            assert _tripwire._set_profile(watch.watchdog, lambda: woken.append(1), 5.0)
         finally:
             sys.setprofile(None)  # driven by hand below, not by this thread's own events
         return watch, clock, woken
