@@ -225,8 +225,13 @@ def test_a_slow_callback_on_the_loop_is_named_once(
     with caplog.at_level(logging.WARNING, logger="aiocop"):
         assert run_on(loop_name, app_with_blocking_calls()) == EXPECTED
     warnings = [r.getMessage() for r in caplog.records if "holding the loop" in r.getMessage()]
-    assert len(warnings) == 1, caplog.text
-    assert "hanging" in warnings[0] and "delivery='thread'" in warnings[0]
+    # The test's own collector (it appends to a list) is named too where a
+    # starved machine kept its thread off the CPUs for the threshold while it
+    # ran (26 ms at a load average of 12 on two cores): rightly, as it would
+    # be for a user's. Anything else named, or `hanging` named twice, fails.
+    named = [w for w in warnings if "tests.conftest.Collector object" not in w]
+    assert len(named) == 1, caplog.text
+    assert "hanging" in named[0] and "delivery='thread'" in named[0]
 
 
 def test_a_slow_callback_does_not_feed_back_into_stall_reports(detector: Collector) -> None:
