@@ -57,12 +57,19 @@ class WatchdogState(Protocol):
 
 
 class _Unwatched:
-    """The state of a loop registered before any watchdog's factory was installed (`use_watchdog_state`)."""
+    """The state of a loop registered before any watchdog's factory was installed (`use_watchdog_state`).
 
-    __slots__ = ()
+    Keeps the one thing the tracking tells before the loop's first step, its start (`started`): the
+    watchdog's state, made at its first use (`_stalls.state.state_of`), begins from it.
+    """
+
+    __slots__ = ("started",)
+
+    def __init__(self) -> None:
+        self.started: tuple[float, float | None] | None = None
 
     def loop_started(self, now: float, cpu: float | None) -> None:
-        pass
+        self.started = (now, cpu)
 
     def loop_gone(self, on_its_thread: bool) -> None:
         pass

@@ -16,6 +16,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
+from aiocop._common import forksafe as _forksafe
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -122,9 +124,31 @@ def state_of(watch: LoopWatch) -> LoopState:
     """The watchdog's state of `watch`'s loop (the watchdog, the tripwire, the probe, delivery, hang reports).
 
     Made with the watch once the watchdog's sink is installed; a watch registered before that (none is,
-    as `_api` installs the sink before the tracking starts) gets its state here, at first use.
+    as `_api` installs the sink before the tracking starts) gets its state here, at first use, once
+    whichever thread asks first, beginning from the loop's start if the tracking told it.
     """
     state = watch.watchdog
-    if type(state) is not LoopState:
-        state = watch.watchdog = LoopState()
-    return state
+    if type(state) is LoopState:
+        return state
+    return _made_for(watch)
+
+
+# Makes one LoopState for a watch registered before the factory (state_of): the watchdog's thread and the
+# loop's (the probe's tick, the tripwire) may both be first, and each must get the same one.
+_making = _forksafe.lock()
+
+
+def _made_for(watch: LoopWatch) -> LoopState:
+    _forksafe.acquire(_making)  # (the C method: `with` would pass through aiocop's wrapper on a loop's thread)
+    try:
+        state = watch.watchdog
+        if type(state) is LoopState:
+            return state
+        made = LoopState()
+        started = getattr(state, "started", None)  # (the loop's start, kept by loops._Unwatched)
+        if started is not None:
+            made.loop_started(*started)
+        watch.watchdog = made
+        return made
+    finally:
+        _forksafe.release(_making)
