@@ -1815,8 +1815,12 @@ def test_a_trio_run_is_armed_by_an_instrument_that_trips_as_the_run_wakes(rec: R
         assert _tripwire.arm(watch, lambda: wakes.append(watch.watchdog.tripped))
         assert watch.watchdog.armed and not wakes
         # The entry queue's task runs the arming in a step of its own; the run's next pass through
-        # its wait (one with nothing to run, here) comes back and trips it.
-        await trio.sleep(0.01)
+        # its wait comes back and trips it. Waited for by its wake, not for a time: a fixed sleep
+        # ran out, on a busy CI machine, in the very batch the arming ran in, before any wait
+        # came back with the instrument in place.
+        with trio.fail_after(30):
+            while not wakes:
+                await trio.sleep(0.001)
         seen["left"] = "after_io_wait" in runner.instruments
         run.running = False
 
