@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import json
 import logging
 import os
@@ -385,7 +386,7 @@ def handler_lock_held(handler: logging.Handler, until: Callable[[], bool]) -> It
     def hold() -> None:
         handler.acquire()
         held.set()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # a bound for a broken test, not a wait: `until` ends it
         while not until() and time.monotonic() < deadline:
             time.sleep(0.005)
         time.sleep(0.05)  # someone is waiting for the lock now
@@ -398,6 +399,25 @@ def handler_lock_held(handler: logging.Handler, until: Callable[[], bool]) -> It
         yield
     finally:
         thread.join(15)
+
+
+def waits_past_its_report(thread: threading.Thread | None, lock: object) -> bool:
+    """`thread` waits in `lock`'s own acquire, called by aiocop's wrapper after it reported the wait.
+
+    The wrapper reports a wait (`_audit_hook`) once a try without blocking
+    failed, then blocks in the original: its frame, the thread's innermost,
+    stands past that call.
+    """
+    from aiocop._interception import wrappers
+
+    frame = sys._current_frames().get(thread.ident) if thread is not None and thread.ident is not None else None
+    if frame is None or frame.f_code.co_filename != wrappers.__file__ or frame.f_lineno is None:
+        return False
+    if frame.f_locals.get("self") is not lock:  # another wrapped call (a sleep, another lock)
+        return False
+    lines, first = inspect.getsourcelines(frame.f_code)
+    reported = first + next(i for i, text in enumerate(lines) if "_audit_hook(" in text)
+    return frame.f_lineno > reported
 
 
 @pytest.mark.parametrize("who_logs", ["app", "aiocop_errors", "log_events"])
@@ -428,17 +448,25 @@ def test_logging_with_its_handler_lock_held_by_another_thread(
             app_logger.info("the app logs while the handler is busy")
         return await app_with_blocking_calls()
 
+    runners: list[threading.Thread] = []
+
     def someone_waits() -> bool:
-        # The app is about to log, or aiocop is about to (its callbacks run after the collector's).
-        return about_to_log.is_set() or bool(detector.events)
+        if who_logs == "app":
+            # The app waits for the lock, its wait reported: not merely about to
+            # log, which a busy machine can keep it at for longer than the
+            # lock is then held (the app's wait was then never seen).
+            return about_to_log.is_set() and waits_past_its_report(runners[0] if runners else None, sink.lock)
+        # aiocop is about to log (its callbacks run after the collector's).
+        return bool(detector.events)
 
     result: list[Any] = []
     try:
         with handler_lock_held(sink, until=someone_waits):
             # On a thread of its own, so that a deadlock fails the test instead of hanging it.
             runner = threading.Thread(target=lambda: result.append(run_on(loop_name, main())))
+            runners.append(runner)
             runner.start()
-            runner.join(10)
+            runner.join(60)  # a bound for a deadlock, well past the holder's 30 s
             assert not runner.is_alive(), "the loop deadlocked on logging"
         time.sleep(0.05)
     finally:
