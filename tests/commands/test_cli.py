@@ -43,6 +43,14 @@ def aiocop_run(*args: str | Path, cwd: Path | None = None) -> subprocess.Complet
     )
 
 
+# For the runs whose point is their blocking calls: stalls (and a step's
+# impact from its length) only from 1 s. At the default 30 ms, a busy machine
+# that keeps a step of the loop's off the CPUs for 30 ms adds a stall row of
+# its own (asyncio.run's, at a load of 10) and makes a light call's step
+# "medium"; a step kept off for 1 s is not a busy machine but a broken one.
+CALLS_ONLY = ("--threshold-ms", "1000")
+
+
 @pytest.fixture
 def program(tmp_path: Path) -> Path:
     path = tmp_path / "prog.py"
@@ -51,7 +59,7 @@ def program(tmp_path: Path) -> Path:
 
 
 def test_runs_a_script_and_prints_call_sites_worst_first(program: Path) -> None:
-    result = aiocop_run("run", program.name, "a", "--flag", cwd=program.parent)
+    result = aiocop_run("run", *CALLS_ONLY, program.name, "a", "--flag", cwd=program.parent)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "program ran with ['a', '--flag'] asyncio\n", "the program's own output is untouched"
     lines = result.stderr.splitlines()
@@ -67,7 +75,7 @@ def test_runs_a_script_and_prints_call_sites_worst_first(program: Path) -> None:
 
 def test_json_report(program: Path, tmp_path: Path) -> None:
     report = tmp_path / "report.json"
-    result = aiocop_run("run", "--json", report, program.name, cwd=program.parent)
+    result = aiocop_run("run", *CALLS_ONLY, "--json", report, program.name, cwd=program.parent)
     assert result.returncode == 0, result.stderr
     data = json.loads(report.read_text())
     assert data["exit_status"] == 0
@@ -145,7 +153,7 @@ def test_a_trio_program(tmp_path: Path) -> None:
     pytest.importorskip("trio")
     script = tmp_path / "prog.py"
     script.write_text(textwrap.dedent(TRIO_PROGRAM))
-    result = aiocop_run("run", script.name, cwd=tmp_path)
+    result = aiocop_run("run", *CALLS_ONLY, script.name, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "trio program ran\n"
     lines = result.stderr.splitlines()
@@ -192,8 +200,8 @@ def test_fail_on_reached(program: Path, level: str, status: int) -> None:
 def test_fail_on_not_reached(tmp_path: Path) -> None:
     script = tmp_path / "light.py"
     script.write_text("import asyncio, os\nasync def main():\n    os.stat('.')\nasyncio.run(main())\n")
-    assert aiocop_run("run", "--fail-on", "medium", script).returncode == 0
-    assert aiocop_run("run", "--fail-on", "low", script).returncode == 3
+    assert aiocop_run("run", *CALLS_ONLY, "--fail-on", "medium", script).returncode == 0
+    assert aiocop_run("run", *CALLS_ONLY, "--fail-on", "low", script).returncode == 3
 
 
 def test_the_programs_own_exit_status_wins(tmp_path: Path) -> None:

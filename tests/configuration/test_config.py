@@ -22,7 +22,7 @@ from aiocop._configuration import config as _config
 from aiocop._configuration.config import ConfigError, ProjectConfig, load_config
 from aiocop._interception import frames as _frames
 from aiocop.asgi import AiocopMiddleware
-from tests.commands.test_cli import aiocop_run
+from tests.commands.test_cli import CALLS_ONLY, aiocop_run
 from tests.commands.test_cli import refused_in_process as cli_refused_in_process
 from tests.conftest import ROOT, Collector, reset_aiocop, run_on
 from tests.support import blocking_calls
@@ -268,7 +268,7 @@ def test_the_cli_takes_the_table_and_its_flags_win(tmp_path: Path) -> None:
     assert result.returncode == 3, result.stderr
     assert "fail_on = 'low' in [tool.aiocop]" in result.stderr
     assert "os.listdir" not in result.stderr.partition("call site")[2]
-    result = aiocop_run("run", "--fail-on", "high", "--allow", "os.stat", "prog.py", cwd=tmp_path)
+    result = aiocop_run("run", *CALLS_ONLY, "--fail-on", "high", "--allow", "os.stat", "prog.py", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "no blocking calls" in result.stderr
     (tmp_path / "sub").mkdir()
@@ -281,14 +281,14 @@ def test_the_cli_takes_the_table_and_its_flags_win(tmp_path: Path) -> None:
 def test_a_baseline_fails_only_new_call_sites(tmp_path: Path) -> None:
     baseline = tmp_path / "aiocop-baseline.json"
     (tmp_path / "prog.py").write_text(PROGRAM.format(extra="pass"))
-    written = aiocop_run("run", "--fail-on", "low", "--write-baseline", baseline, "prog.py", cwd=tmp_path)
+    written = aiocop_run("run", *CALLS_ONLY, "--fail-on", "low", "--write-baseline", baseline, "prog.py", cwd=tmp_path)
     assert written.returncode == 0, written.stderr
     assert "wrote 1 call site(s) to the baseline" in written.stderr
     assert json.loads(baseline.read_text())["call_sites"] == [{"event": "os.stat", "site": "prog.py:main", "count": 1}]
 
     # Lines moved by an edit above the call: still known.
     (tmp_path / "prog.py").write_text("# a new comment\n" + PROGRAM.format(extra="pass"))
-    known = aiocop_run("run", "--fail-on", "low", "--baseline", baseline, "prog.py", cwd=tmp_path)
+    known = aiocop_run("run", *CALLS_ONLY, "--fail-on", "low", "--baseline", baseline, "prog.py", cwd=tmp_path)
     assert known.returncode == 0, known.stderr
     assert "known" in known.stderr and "1 of 1 call site(s) are in the baseline" in known.stderr
 
