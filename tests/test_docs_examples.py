@@ -207,7 +207,13 @@ def test_minimal_set_up_samples_and_logs() -> None:
     sampled, rate = result.stdout.split()[1:]
     assert float(rate) == 0.05
     assert 0 < int(sampled) < 400, "one request in twenty, drawn at random: 0 of 400 has odds of 1e-9"
-    logged = [line for line in result.stderr.splitlines() if line.startswith("aiocop.events ")]
+    # (A busy machine can keep a step of the loop's off the CPU past the
+    # threshold: a stall, logged at its own site, is no blocking call's line.)
+    logged = [
+        line
+        for line in result.stderr.splitlines()
+        if line.startswith("aiocop.events ") and not line.startswith("aiocop.events aiocop: loop stalled ")
+    ]
     assert len(logged) == 1, result.stderr  # the call site's first event; the rest are counted
     assert "blocking call os.stat at examples/asgi_minimal.py:" in logged[0]
 
