@@ -245,7 +245,14 @@ def run_example(name: str) -> subprocess.CompletedProcess[str]:
 def test_logging_example_runs_as_documented() -> None:
     done = run_example("log_with_logging.py")
     lines = [line for line in (done.stdout + done.stderr).splitlines() if not SLOW_CALLBACK_WARNING.fullmatch(line)]
-    headlines = [line for line in lines if line.startswith("WARNING aiocop.events aiocop:")]
+    # (A busy machine can keep a step of the loop's off the CPU past the
+    # threshold: a stall, logged at its own site, is not one of the example's.)
+    headlines = [
+        line
+        for line in lines
+        if line.startswith("WARNING aiocop.events aiocop:")
+        and not line.startswith("WARNING aiocop.events aiocop: loop stalled ")
+    ]
     assert len(headlines) == 3, lines
     first_open, sleep, later_open = headlines
     assert "blocking call open at examples/log_with_logging.py:" in first_open
