@@ -105,7 +105,7 @@ def test_a_misbehaving_callback_changes_nothing_for_the_app_or_other_callbacks(
 
 
 INTERRUPTING_CALLBACK = """
-import asyncio, os, sys
+import asyncio, os, sys, time
 import aiocop
 aiocop.start_blocking_io_detection(delivery=sys.argv[1])
 got = []
@@ -127,6 +127,10 @@ try:
     outcome = "finished"
 except KeyboardInterrupt:
     outcome = "interrupted"
+if sys.argv[1] == "thread":  # the worker's deliveries, waited for: stop() gives them a second (DRAIN_S)
+    deadline = time.monotonic() + 20  # (within run_script's 30 s)
+    while len(got) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
 aiocop.stop()
 print(outcome, len(got))
 """
