@@ -503,7 +503,8 @@ FORK_SCRIPT = """
     out = sys.argv[1]
     def report(event):
         with open(out, "a") as f:
-            f.write(json.dumps({"pid": os.getpid(), "calls": [c["name"] for c in event.blocking_events]}) + "\\n")
+            calls = [c["name"] for c in event.blocking_events]
+            f.write(json.dumps({"pid": os.getpid(), "reason": event.reason, "calls": calls}) + "\\n")
 
     aiocop.start_blocking_io_detection()
     aiocop.detect_slow_tasks(threshold_ms=30, on_slow_task=report)
@@ -546,8 +547,11 @@ def test_fork_while_monitoring(tmp_path: Path) -> None:
     pids = json.loads(result.stdout)
     assert pids["status"] == 0
     events = [json.loads(line) for line in out.read_text().splitlines()]
-    parent = sorted(tuple(e["calls"]) for e in events if e["pid"] == pids["parent"])
-    child = sorted(tuple(e["calls"]) for e in events if e["pid"] == pids["child"])
+    # (A busy machine can keep a step off the CPU past the 30 ms threshold: a
+    # stall, with no call, of either process's, not one of the steps here.)
+    steps = [e for e in events if e["reason"] != "cpu_blocking" or e["calls"]]
+    parent = sorted(tuple(e["calls"]) for e in steps if e["pid"] == pids["parent"])
+    child = sorted(tuple(e["calls"]) for e in steps if e["pid"] == pids["child"])
     assert parent == [("os.listdir",), ("os.stat", "os.fork")], events
     assert child == [("os.listdir",)], events  # the parent's pending step is not reported again by the child
 
@@ -761,7 +765,9 @@ def test_the_applications_objects_are_finalized_normally_at_exit(tmp_path: Path,
     # file is removed as it would be without aiocop, and no hook complains.
     result = run_python(EXIT_WITH_MAIN_OBJECTS, str(tmp_path), ending, interpreter_args=("-X", "dev"))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "event io_blocking"
+    # The os.stat's event. (A busy machine can keep a step of the loop's off
+    # the CPU past the 30 ms threshold: a stall, an event of its own.)
+    assert [line for line in result.stdout.splitlines() if line != "event cpu_blocking"] == ["event io_blocking"]
     assert list(tmp_path.iterdir()) == [], "the NamedTemporaryFile was left on disk"
     assert "Exception ignored" not in result.stderr, result.stderr
 
