@@ -158,8 +158,9 @@ class Watchdog:
         self._ticks_only = False  # the last look's steps were all probe ticks that had not stalled (see poll)
         # A GIL held by one C call of a loop's thread keeps this thread out
         # until the call returns (_timing.held_from): when the look under way
-        # was due (the end of the sleep before it; 0: not known), and the
-        # process's CPU clock at the last look and what it moved by since.
+        # was due (the end of the sleep before it; 0: not known), and the CPU
+        # the process used but this thread (_others_cpu) at the last look and
+        # what it moved by since.
         self._due = 0.0
         self._proc_cpu: float | None = None
         self._proc_ran: float | None = None
@@ -204,7 +205,8 @@ class Watchdog:
         # Its first look is asked for now: a loop's first step holding the GIL
         # keeps the new thread from running, and that look is timed from here (_held).
         self._due = perf_counter()
-        self._proc_cpu, self._proc_ran = process_time(), None  # (what that look measures the others' CPU from)
+        # (What that look measures the others' CPU from: the new thread has used none yet.)
+        self._proc_cpu, self._proc_ran = process_time(), None
         thread.start()
 
     def loop_started(self) -> None:
@@ -519,7 +521,7 @@ class Watchdog:
         watches = _loops.watches
         now = perf_counter()
         if now - self._last_scan < _DISCOVERY_S and _timing.all_quiet(watches) and self._finder.quiet(watches):
-            self._proc_cpu, self._proc_ran = process_time(), None  # (what a late look measures from)
+            self._proc_cpu, self._proc_ran = _others_cpu(), None  # (what a late look measures from)
             return False, False
         frames = sys._current_frames()
         # The time and each loop thread's CPU clock, read with the snapshot:
@@ -548,7 +550,7 @@ class Watchdog:
         states = [state_of(watch) for watch in watches.values()]
         probes = [state.probe_cpu for state in states]
         clocks = [watch.cpu_time() for watch in watches.values()]
-        proc = process_time()
+        proc = _others_cpu()
         self._proc_ran = proc - self._proc_cpu if self._proc_cpu is not None else None
         self._proc_cpu = proc
         own_only = [
@@ -987,6 +989,20 @@ def _unarmed_look(watch: LoopWatch, now: float) -> float:
         return wakes  # (wait and its latest end known: planned)
     cpu = watch.cpu_time()
     return now if cpu is not None and state.idle_cpu is not None and cpu != state.idle_cpu else float("inf")
+
+
+def _others_cpu() -> float:
+    # The CPU the process has used but the calling thread's (the watchdog's):
+    # what tells a thread sharing the GIL with a loop's from one C call of the
+    # loop's holding it (_timing.held_from's `others`). This thread's own
+    # CPU is none of that: while it waits for a GIL held for seconds it
+    # wakes every switch interval to ask again, hundreds of times. On a busy
+    # machine the process's other CPU came to 145 ms against a 492 ms hold,
+    # up to 78 ms of it this thread's (its schedstat), more than the quarter
+    # held_from allows other threads: the hold was not found, and the stall
+    # was missed or reported as a hang (a 0.6 s regex on uvloop, CPython
+    # 3.14, load 8).
+    return process_time() - thread_time()
 
 
 def _woke_at(watch: LoopWatch, ident: object, idle_since: float, now: float) -> float:

@@ -1930,3 +1930,25 @@ def test_a_samples_wait_for_a_cpu_is_read_only_where_its_clock_stood_still(rec: 
     assert reads == [0.100] and s.waiting == {stack: 1}
     _stacks.sample(s, stack, 100.040, 1.0202, queued)  # still again, 9 ms of it queued: a starved spin
     assert reads == [0.100, 0.109] and s.waiting == {stack: 1}
+
+
+# --- the CPU of the watchdog's own thread is no other thread's (issue 37, a missed hold under load) -----
+
+
+def test_the_others_cpu_leaves_out_the_watchdogs_own() -> None:
+    """held_from's `others` (another thread sharing the GIL) is measured without the watchdog's own CPU.
+
+    Its wake-ups while it waits for a GIL held for a second came, on a busy
+    machine, to more than the quarter of the hold that `others` may be: the
+    hold was then not found. A thread's own CPU moves `process_time` and
+    not `_others_cpu`, read on that thread; CPU time, not wall time: no load moves it.
+    """
+    from aiocop._common.clock import process_time, thread_time
+
+    before, proc_before, own_before = _watchdog._others_cpu(), process_time(), thread_time()
+    while thread_time() - own_before < 0.05:  # 50 ms of this thread's CPU
+        pass
+    own = thread_time() - own_before
+    others = _watchdog._others_cpu() - before
+    assert process_time() - proc_before >= own  # the process's clock counts this thread's CPU ...
+    assert others < own / 2, (others, own)  # ... the others' clock does not (the other threads here are idle)
