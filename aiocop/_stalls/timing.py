@@ -234,8 +234,9 @@ HELD_SHARE = CPU_BOUND_RATE
 HELD_WAKE_SWITCHES = 4
 HELD_RAN_SWITCHES = 3
 # ... and, always, the rest of the process used no more than this share of
-# what the loop's thread did, plus HELD_SLACK_S (the watchdog's own look and
-# its waits for the GIL). More: another thread ran Python code meanwhile,
+# what the loop's thread did, plus HELD_SLACK_S (idle threads' wake-ups, the
+# skew between the two clocks read; the watchdog's own CPU is not counted:
+# watchdog._others_cpu). More: another thread ran Python code meanwhile,
 # sharing the GIL with the loop's, and either may have kept the watchdog out.
 HELD_OTHERS = 0.25
 HELD_SLACK_S = 0.002
@@ -268,7 +269,7 @@ def held_from(
     this late while the loop's thread ran (its CPU clock, at `cpu_seen` at the
     loop's last look at `seen`, is at `cpu`) and nothing else of the process
     did (`others`: the process's CPU since the last look, less the loop
-    thread's) was kept out by one C call of that thread's, which has just
+    thread's and the watchdog's own) was kept out by one C call of that thread's, which has just
     returned to the frame the look sees, unless the watchdog's own thread was
     kept from a CPU or the process was stopped: `kept` (`sched.Own.since`)
     says how long the watchdog's thread ran or waited for a CPU since its last

@@ -995,13 +995,11 @@ def _others_cpu() -> float:
     # The CPU the process has used but the calling thread's (the watchdog's):
     # what tells a thread sharing the GIL with a loop's from one C call of the
     # loop's holding it (_timing.held_from's `others`). This thread's own
-    # CPU is none of that: while it waits for a GIL held for seconds it
-    # wakes every switch interval to ask again, hundreds of times. On a busy
-    # machine the process's other CPU came to 145 ms against a 492 ms hold,
-    # up to 78 ms of it this thread's (its schedstat), more than the quarter
-    # held_from allows other threads: the hold was not found, and the stall
-    # was missed or reported as a hang (a 0.6 s regex on uvloop, CPython
-    # 3.14, load 8).
+    # CPU is none of that: its looks, and its wake-ups every switch interval
+    # while it waits for a GIL held for seconds. (Counted, they were up to 78
+    # ms, by its schedstat, of 145 ms against a 492 ms hold on a busy
+    # machine; the rest there was veloxloop's runtime threads', which still
+    # count: see docs/concepts/watchdog.md, "Its limits".)
     return process_time() - thread_time()
 
 
