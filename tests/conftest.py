@@ -255,6 +255,54 @@ def _fix_rloop_double_close() -> None:
 _fix_rloop_double_close()
 
 
+# Threads of a loop's own runtime, written in Rust (their kernel names, cut
+# to 15 characters): veloxloop runs its default executor on them, spinning
+# (about 10 % of a core), and they end only when the loop object is freed:
+# closing it is not enough.
+_RUNTIME_THREADS = ("veloxloop-", "tokio-runtime")
+
+
+def _runtime_threads() -> dict[str, str]:
+    # Linux only: the kernel's list of this process's threads and their names.
+    if sys.platform != "linux":
+        return {}
+    found = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as f:
+                name = f.read().strip()
+        except OSError:  # ended meanwhile
+            continue
+        if name.startswith(_RUNTIME_THREADS):
+            found[tid] = name
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_loop_runtime_left() -> Iterator[None]:
+    """A test that leaves a loop's runtime threads running fails, naming them.
+
+    Each pytest worker runs many tests in one process, and threads left
+    running by one are there in every test after it: veloxloop's made the
+    watchdog's tests of GIL holds fail on a busy machine (issue 37). They
+    were left by aiocop's delivery thread, which held the last stall report
+    it delivered, and so its task and closed loop, until the next. A thread
+    is given two seconds to end after the test.
+    """
+    before = _runtime_threads()
+    yield
+    deadline = time.monotonic() + 2.0
+    while (left := {tid: name for tid, name in _runtime_threads().items() if tid not in before}) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.02)
+    if left:
+        pytest.fail(
+            f"the test left {len(left)} thread(s) of a loop's runtime running: {sorted(set(left.values()))} "
+            "(something still holds a closed loop: its threads end when it is freed)"
+        )
+
+
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
     if name == "asyncio":
         return asyncio.new_event_loop

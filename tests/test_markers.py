@@ -1,13 +1,20 @@
-"""The tables in tests/conftest.py that mark tests `timing`, `cost` and `integration` name what exists.
+"""What tests/conftest.py keeps true of the suite as a whole.
 
-A test renamed or moved would otherwise lose its marker without a word, and
-run beside the rest of the suite instead of on its own (issue 36).
+The tables that mark tests `timing`, `cost` and `integration` name what
+exists: a test renamed or moved would otherwise lose its marker without a
+word, and run beside the rest of the suite instead of on its own (issue 36).
+And no test leaves a loop's runtime threads running (issue 37).
 """
 
 from __future__ import annotations
 
 import ast
+import gc
+import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from tests import conftest
 
@@ -40,3 +47,24 @@ def _names_outside(modules: frozenset[str]) -> set[str]:
 def test_every_test_named_in_a_marker_table_exists_outside_the_modules_marked_whole() -> None:
     assert conftest.TIMING_TESTS - _names_outside(conftest.TIMING_MODULES) == set()
     assert conftest.INTEGRATION_TESTS - _names_outside(conftest.INTEGRATION_MODULES) == set()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the guard reads the kernel's thread list (/proc), Linux only")
+def test_the_runtime_threads_of_a_loop_are_seen_and_end_when_it_is_freed() -> None:
+    # What `_no_loop_runtime_left` looks for is there while a veloxloop loop
+    # that ran its executor lives, and gone once the closed loop is freed.
+    veloxloop = pytest.importorskip("veloxloop")
+    before = conftest._runtime_threads()
+    loop = veloxloop.new_event_loop()
+    try:
+        loop.run_until_complete(loop.run_in_executor(None, int))
+        started = {name for tid, name in conftest._runtime_threads().items() if tid not in before}
+        assert any(name.startswith("veloxloop-") for name in started), started
+    finally:
+        loop.close()
+    del loop
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while (left := set(conftest._runtime_threads()) - set(before)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not left

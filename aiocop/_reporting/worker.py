@@ -152,28 +152,35 @@ class Worker:
             item = self._queue.get()
             if item is _SHUTDOWN:
                 return
-            seq, payload = item
-            if isinstance(payload, threading.Event):
-                payload.set()
-                continue
-            # One step at a time, each let through the gate on its own: a
-            # batch of thousands of steps stops at drain()'s word, not at its end.
-            steps: Sequence[StepGroup | Callable[[], None]] = [payload] if callable(payload) else payload
-            for index, step in enumerate(steps):
+            self._take(*item)
+            # Not held while the queue waits for the next item, which can be
+            # long: a step or stall report holds its task, and so its loop,
+            # closed or not (a closed veloxloop loop, kept alive, keeps its
+            # runtime threads running).
+            del item
+
+    def _take(self, seq: int, payload: list[StepGroup] | threading.Event | Callable[[], None]) -> None:
+        if isinstance(payload, threading.Event):
+            payload.set()
+            return
+        # One step at a time, each let through the gate on its own: a
+        # batch of thousands of steps stops at drain()'s word, not at its end.
+        steps: Sequence[StepGroup | Callable[[], None]] = [payload] if callable(payload) else payload
+        for index, step in enumerate(steps):
+            with self._lock:
+                if seq <= self._drop_through:
+                    self._handled += len(steps) - index  # drain() counted them as dropped
+                    break
+                self._running_since = monotonic()
+            try:
+                self._handle(step)
+            except BaseException:  # this thread must outlive anything a delivery raises
+                _hook.internal_error("delivering off the loop")
+            finally:
                 with self._lock:
-                    if seq <= self._drop_through:
-                        self._handled += len(steps) - index  # drain() counted them as dropped
-                        break
-                    self._running_since = monotonic()
-                try:
-                    self._handle(step)
-                except BaseException:  # this thread must outlive anything a delivery raises
-                    _hook.internal_error("delivering off the loop")
-                finally:
-                    with self._lock:
-                        self._handled += 1
-                        self._running_since = None
-                        self._idle.notify_all()
+                    self._handled += 1
+                    self._running_since = None
+                    self._idle.notify_all()
 
     def _handle(self, step: StepGroup | Callable[[], None]) -> None:
         if callable(step):

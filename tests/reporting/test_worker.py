@@ -7,6 +7,7 @@ The figures (memory under a flood, how long `stop()` takes) are measured by
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import re
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING
 
 import pytest
@@ -100,6 +102,30 @@ def test_no_callback_starts_after_stop_returns(monkeypatch: pytest.MonkeyPatch) 
     assert starts, "some events were delivered"
     assert all(start < returned for start in starts), "a callback started after stop() returned"
     assert len(starts) + _delivery._worker.dropped - dropped_before == 100
+
+
+@pytest.mark.usefixtures("thread_delivery")
+def test_the_worker_keeps_nothing_it_delivered_while_it_waits_for_more() -> None:
+    # A delivered step or stall report holds its task, and so its loop: the
+    # worker kept the last one it handled until the next arrived, which kept
+    # a closed veloxloop loop, and its runtime threads, alive (issue 37).
+    class Payload:
+        pass
+
+    payload = Payload()
+    gone = threading.Event()
+    weakref.finalize(payload, gone.set)
+    ran = threading.Event()
+
+    def call(kept: Payload = payload) -> None:
+        ran.set()
+
+    _delivery._worker.submit_call(call)
+    del call, payload
+    assert ran.wait(30), "the worker ran the call"
+    assert _delivery._worker.wait(30), "the worker finished handling it"
+    gc.collect()
+    assert gone.wait(10), "the call, and what it holds, was let go of once delivered"
 
 
 @pytest.mark.usefixtures("thread_delivery")
