@@ -224,7 +224,27 @@ def step_fields(
 
     `task_name`: the name, or the task itself while the event is being
     delivered (see `_deliver`: its name is asked for only if someone reads it).
+
+    Read on a loop's thread (an event kept and read in a later step), the
+    source lines they quote are aiocop's own reads, not the application's:
+    not reported (`linecache` stats and opens each file once, which came out
+    as a blocking call at the line that read the field).
     """
+    state = _hook.current_state()
+    was_busy, state.busy = state.busy, True
+    try:
+        return _step_fields(origin, group, context, task_name, reason)
+    finally:
+        state.busy = was_busy
+
+
+def _step_fields(
+    origin: Origin,
+    group: StepGroup,
+    context: dict[str, Any] | None,
+    task_name: str | Task[Any] | TrioTask | None,
+    reason: str,
+) -> dict[str, Any]:
     if task_name is not None and not isinstance(task_name, str):
         task_name = _hook.task_name(task_name)
     stall: Stall | None = group.stall

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import linecache
 import logging
 import os
 import socket
+import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import pytest
 
 import aiocop
 from tests.conftest import Collector, run_on, run_until_it_stops_itself
+
+if TYPE_CHECKING:
+    from types import CodeType
 
 API_1X = [
     "patch_audit_functions",
@@ -421,6 +427,40 @@ def test_events_format_lazily_and_behave_like_dataclasses(detector: Collector, l
         event.no_such_field
     with pytest.raises(dataclasses.FrozenInstanceError):
         event.elapsed_ms = 0  # type: ignore[misc]
+
+
+def test_reading_an_event_on_the_loop_reports_none_of_aiocops_own_source_reads(
+    detector: Collector, loop_name: str
+) -> None:
+    # An event's fields are formatted when first read, and a stall's quote
+    # its source lines (`culprit`): linecache stats and opens the file the
+    # first time. Read in a step of the loop's (an event kept, then logged
+    # by the application), those reads are aiocop's, and were reported as a
+    # blocking call at the line that read the field. The stall is built as
+    # the watchdog builds one (no real stall: this is no timing test).
+    from aiocop._interception.loops import LoopWatch
+    from aiocop._reporting.building import build_stall_event
+    from aiocop._stalls.attribution import Stall
+
+    def inner() -> tuple[CodeType, int]:
+        caller = sys._getframe(1)
+        return caller.f_code, caller.f_lasti
+
+    def outer() -> tuple[CodeType, int]:
+        return inner()  # the sample: `outer` inside this call
+
+    watch = LoopWatch.__new__(LoopWatch)
+    watch.thread_id, watch.thread_name, watch.loop_name = -1, "MainThread", "asyncio"
+    stall = Stall(watch, 1.0, 1.1, [((outer(),), 1)], waiting=False, root=None)
+    event = build_stall_event(stall, None, {})
+
+    async def main() -> None:
+        linecache.clearcache()  # (the file read again, as the first time)
+        assert event.culprit == "running inner()"  # THE READ: every field formatted
+        await asyncio.sleep(0)
+
+    run_on(loop_name, main())
+    assert detector.events == []
 
 
 def test_events_built_by_hand_keep_working() -> None:
