@@ -13,10 +13,11 @@ Read with os.pread on a file opened once (no audit event, no allocation
 beyond the bytes read). Off Linux, or where the file cannot be read, nothing
 is told (`Own.since` gives None) and the caller decides without it.
 
-A loop thread's file tells, at a stall's samples, whether a thread whose CPU
+A loop thread's files tell, at a stall's samples, whether a thread whose CPU
 clock stood still was waiting (for I/O, a lock, the GIL) or only kept off
-the CPUs by a busy machine (`queued`): a pure-Python spin starved by other
-processes is still working.
+the CPUs by a busy machine (`queued`, and `runnable` where it was kept off
+through the whole gap): a pure-Python spin starved by other processes is
+still working.
 
 May import: aiocop._common.
 """
@@ -102,3 +103,28 @@ def queued(native_id: int) -> float | None:
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)
+
+
+def runnable(native_id: int) -> bool | None:
+    """Whether thread `native_id` of this process is runnable now (running, or waiting for a CPU).
+
+    None: not told (off Linux, the thread gone, the file unreadable). Its
+    state is the field after the command's name in brackets, which may hold
+    any character: read from the last closing bracket. Opened for each read:
+    called at a stall's samples only, where its CPU clock stood still.
+    """
+    if sys.platform != "linux":
+        return None
+    try:
+        fd = os.open(f"/proc/self/task/{native_id}/stat", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        text = os.pread(fd, 512, 0)
+    except OSError:
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    state = text[text.rfind(b")") + 1 :].split()[:1]
+    return state == [b"R"] if state else None

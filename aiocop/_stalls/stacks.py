@@ -192,11 +192,13 @@ def sample(
     now: float,
     cpu: float | None,
     queued: Callable[[], float | None] | None = None,
+    runnable: Callable[[], bool | None] | None = None,
 ) -> None:
     """Count `stack` (`stack_of`), taken at `now`, as one of `step`'s samples, waiting or working.
 
     `queued` reads how long its thread has waited for a CPU so far
-    (sched.queued): called only where the CPU clock says it waited.
+    (sched.queued), `runnable` whether it is runnable now (sched.runnable):
+    called only where the CPU clock says it waited.
     """
     step.samples[stack] = step.samples.get(stack, 0) + 1
     # Waiting or working at this sample: did the thread's CPU clock move
@@ -217,6 +219,12 @@ def sample(
             read = queued() if queued is not None else None
             if read is not None and step.sample_queued is not None:
                 worked += read - step.sample_queued
-            if worked < CPU_BOUND_RATE * (now - step.sample_t):
+            # Linux adds a wait for a CPU to the queued time only as the
+            # thread gets one: kept off the CPUs through the whole gap (a
+            # starved spin among many busy processes), the thread shows
+            # neither CPU nor queued time since, and only its state says it
+            # was runnable, not waiting (every sample of three starved spins
+            # read "waiting" with six `yes` processes beside them).
+            if worked < CPU_BOUND_RATE * (now - step.sample_t) and not (runnable is not None and runnable()):
                 step.waiting[stack] = step.waiting.get(stack, 0) + 1
     step.sample_t, step.sample_cpu, step.sample_queued = now, cpu, read

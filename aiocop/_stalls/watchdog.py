@@ -690,7 +690,7 @@ class Watchdog:
             return
         walked = self._walked
         stack = walked[1] if walked is not None and walked[0] is innermost else _stacks.stack_of(innermost, step.root)
-        _stacks.sample(step, stack, now, cpu, lambda: _queued(watch))
+        _stacks.sample(step, stack, now, cpu, lambda: _queued(watch), lambda: _runnable(watch))
 
     def _stalled(self, watch: LoopWatch, step: Step, innermost: FrameType, now: float, age: float, held: bool) -> None:
         # A look saw `step` running for the threshold: a stall, and a hang while it runs past hang_after_ms.
@@ -945,6 +945,13 @@ def _queued(watch: LoopWatch) -> float | None:
     # stall's sample to tell a starved spin from a wait.
     native = _waits.native_id(watch.thread_id)
     return None if native is None else _sched.queued(native)
+
+
+def _runnable(watch: LoopWatch) -> bool | None:
+    # Whether the loop's thread is runnable now (_sched.runnable), for a
+    # stall's sample whose thread showed neither CPU nor queued time.
+    native = _waits.native_id(watch.thread_id)
+    return None if native is None else _sched.runnable(native)
 
 
 def _gone_from_the_os(thread: threading.Thread | None) -> None:

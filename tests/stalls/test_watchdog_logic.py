@@ -65,6 +65,8 @@ class Recorded:
         self.hangs: list[tuple[int, float, float]] = []
         # What the loop thread's schedstat tells at a sample: seconds it waited for a CPU (None: not told).
         self.queued: float | None = None
+        # And its state: whether it is runnable (None: not told).
+        self.runnable: bool | None = None
 
     def hang(self, watch: object, step: Step, innermost: FrameType, now: float) -> None:
         self.hangs.append((step.hangs, now - step.t_first, step.hung_s))
@@ -93,6 +95,7 @@ def rec(monkeypatch: pytest.MonkeyPatch) -> Recorded:
     # The watchdog's sink: stalls and hangs recorded, no io event to take a stall.
     use_sink(monkeypatch, stall=recorded.stalls.append, attach_to_io=lambda watch, stall: False, hang=recorded.hang)
     monkeypatch.setattr(_watchdog, "_queued", lambda watch: recorded.queued)
+    monkeypatch.setattr(_watchdog, "_runnable", lambda watch: recorded.runnable)
     return recorded
 
 
@@ -488,8 +491,9 @@ def test_a_spin_kept_off_the_cpus_by_a_busy_machine_is_working_not_waiting(
     looks.at(100.000, 1.000, frames.idle)
     looks.at(100.010, 1.008, a)
     for i, now in enumerate((100.020, 100.031, 100.042, 100.053)):  # sampled from 15 ms after the sighting
-        # Busy: 10 of every 11 ms runnable but queued; quiet: neither running nor queued.
+        # Busy: 10 of every 11 ms runnable but queued; quiet: neither running nor queued, and blocked.
         rec.queued = {"busy": 0.010 * i, "quiet": 0.001, "untold": None}[machine]
+        rec.runnable = {"busy": True, "quiet": False, "untold": None}[machine]
         looks.at(now, 1.008, a)
     looks.at(100.064, 1.009, frames.idle)
     [stall] = rec.stalls
@@ -1930,6 +1934,28 @@ def test_a_samples_wait_for_a_cpu_is_read_only_where_its_clock_stood_still(rec: 
     assert reads == [0.100] and s.waiting == {stack: 1}
     _stacks.sample(s, stack, 100.040, 1.0202, queued)  # still again, 9 ms of it queued: a starved spin
     assert reads == [0.100, 0.109] and s.waiting == {stack: 1}
+
+
+def test_a_sample_whose_thread_showed_neither_cpu_nor_queued_time_is_told_by_its_state(rec: Recorded) -> None:
+    """Linux adds a wait for a CPU to the queued time only as the thread gets one: a thread kept off the CPUs
+    through a whole gap between samples shows neither, and only its state (runnable) tells it from a wait."""
+    s = step(100.000, 100.010, 100.010, 1.000, 1.010, 1.010)
+    states = iter((True, False))
+    asked: list[bool] = []
+
+    def runnable() -> bool | None:
+        asked.append(next(states))
+        return asked[-1]
+
+    stack = ((step.__code__, 0),)
+    _stacks.sample(s, stack, 100.020, 1.020, lambda: 0.100, runnable)  # working by its clock: not asked
+    assert asked == [] and not s.waiting
+    _stacks.sample(s, stack, 100.030, 1.020, lambda: 0.100, runnable)  # nothing moved, runnable: working
+    assert asked == [True] and not s.waiting
+    _stacks.sample(s, stack, 100.040, 1.020, lambda: 0.100, runnable)  # nothing moved, not runnable: waiting
+    assert asked == [True, False] and s.waiting == {stack: 1}
+    _stacks.sample(s, stack, 100.050, 1.020, lambda: 0.100, lambda: None)  # not told (off Linux): its clock
+    assert s.waiting == {stack: 2}
 
 
 # --- the CPU of the watchdog's own thread is no other thread's (issue 37, a missed hold under load) -----
