@@ -84,25 +84,35 @@ class Own:
                 os.close(fd)
 
 
-def queued(native_id: int) -> float | None:
-    """Seconds thread `native_id` of this process has spent runnable but waiting for a CPU, since it began.
-
-    None: not told (off Linux, the thread gone, the file unreadable). Opened
-    for each read: called at a stall's samples only, not at every look.
-    """
+def _task_file(native_id: int, name: str, size: int) -> bytes | None:
+    # The start of /proc/self/task/<native_id>/<name> (None: off Linux, the
+    # thread gone, the file unreadable). Opened for each read: called at a
+    # stall's samples only, not at every look.
     if sys.platform != "linux":
         return None
     try:
-        fd = os.open(f"/proc/self/task/{native_id}/schedstat", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(f"/proc/self/task/{native_id}/{name}", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
     try:
-        return int(os.pread(fd, 128, 0).split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
+        return os.pread(fd, size, 0)
+    except OSError:
         return None
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)
+
+
+def queued(native_id: int) -> float | None:
+    """Seconds thread `native_id` of this process has spent runnable but waiting for a CPU, since it began.
+
+    None: not told (off Linux, the thread gone, the file unreadable).
+    """
+    text = _task_file(native_id, "schedstat", 128)
+    try:
+        return int(text.split()[1]) / 1e9 if text is not None else None
+    except (ValueError, IndexError):
+        return None
 
 
 def runnable(native_id: int) -> bool | None:
@@ -110,21 +120,11 @@ def runnable(native_id: int) -> bool | None:
 
     None: not told (off Linux, the thread gone, the file unreadable). Its
     state is the field after the command's name in brackets, which may hold
-    any character: read from the last closing bracket. Opened for each read:
-    called at a stall's samples only, where its CPU clock stood still.
+    any character: read from the last closing bracket. Called at a stall's
+    samples only, where its CPU clock stood still.
     """
-    if sys.platform != "linux":
+    text = _task_file(native_id, "stat", 512)
+    if text is None:
         return None
-    try:
-        fd = os.open(f"/proc/self/task/{native_id}/stat", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return None
-    try:
-        text = os.pread(fd, 512, 0)
-    except OSError:
-        return None
-    finally:
-        with contextlib.suppress(OSError):
-            os.close(fd)
     state = text[text.rfind(b")") + 1 :].split()[:1]
     return state == [b"R"] if state else None
