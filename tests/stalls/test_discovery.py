@@ -65,7 +65,7 @@ def events_of(run: dict[str, object], task: str) -> list[dict[str, object]]:
 
 def test_a_stall_as_an_unknown_loops_very_first_work_is_reported_every_time(app_run: dict[str, object]) -> None:
     # Twenty loops, after idle gaps either side of the watchdog's slow-down:
-    # each one's first step, a 100 ms spin, is one event at its line, on its task.
+    # each one's first step, a 200 ms spin, is one event at its line, on its task.
     # The spinning loop's line, or its body's: where a sample finds the frame varies across versions (3.15).
     site = f"tests/support/unknown_loops_app.py:{line_of('FIRST')}:spin"
     body = f"tests/support/unknown_loops_app.py:{line_of('FIRST') + 1}:spin"

@@ -6,11 +6,11 @@ Leviathan, imported first, see docs/how-to/loops.md): the stand-in binds its sta
 before aiocop wraps them, so no start of it is ever seen. Prints one JSON
 line: every event reported, and what each case did.
 
-- `first`: RUNS loops, one after the other, each spinning 100 ms as its very
+- `first`: RUNS loops, one after the other, each spinning 200 ms as its very
   first work (a task's first step), with idle gaps of 0, 0.1 and 0.55 s between them
   (the watchdog slows its looks after half a second of quiet).
 - `after`: AFTER_RUNS loops, each started right after an asyncio loop (one
-  aiocop is told of) ran and stopped on the same thread, spinning 100 ms as
+  aiocop is told of) ran and stopped on the same thread, spinning 200 ms as
   its very first work.
 - `hang-spin`: a loop that idles 0.2 s, then spins until its hang has been
   reported (the loop, idle and unseen, is found as it hangs).
@@ -43,7 +43,10 @@ if TYPE_CHECKING:
 
 THRESHOLD_MS = 30
 HANG_AFTER_MS = 300
-STALL_S = 0.1
+# 6.7x the threshold, and a third under hang_after: at 3.3x (100 ms) a loop's
+# thread a busy machine let run a third of the time went unseen once in 20
+# (load 10).
+STALL_S = 0.2
 WAIT_S = 30.0  # for a hang report: a busy machine's worst day
 GAPS_S = (0.0, 0.1, 0.55)
 AFTER_RUNS = 5
