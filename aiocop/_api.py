@@ -527,6 +527,7 @@ def unregister_blocking_event(event: str) -> None:
             f"{event!r} is not a detected event{did_you_mean(event, weights)}; see aiocop.get_blocking_events_dict()"
         )
     del weights[event]
+    _allow.forget_kept_scopes()
     _hook.rebuild()
 
 
@@ -535,4 +536,5 @@ def reset_blocking_event_table() -> None:
     weights = _rules.live_weights()
     weights.clear()
     weights.update(_rules.DEFAULT_WEIGHTS)
+    _allow.forget_kept_scopes()  # it may have lost events registered since
     _hook.rebuild()

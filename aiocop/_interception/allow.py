@@ -338,14 +338,15 @@ class allow_blocking(ContextVarScope[tuple[AllowRule, ...]]):  # noqa: N801 - re
         # A scope is often made where it is entered (`with allow_blocking(...)`
         # in a handler): its rule is built and checked once per content, not
         # at every entry. Most name events only, and are known by the names
-        # alone (no key to build and hash); a kept rule still stands only
-        # while its events are detected ones.
+        # alone (no key to build and hash). A kept rule stands while its
+        # events are detected ones: the table losing an event forgets every
+        # kept rule (forget_kept_scopes), so that none is checked here.
         if module is None and path is None and call_site is None and everything is False:
             try:
                 spec = _scope_events.get(events)
             except TypeError:  # an unhashable argument: the checks below say what is wrong with it
                 spec = None
-            if spec is not None and _KNOWN.keys() >= spec.rule.events:
+            if spec is not None:
                 self._var = scoped_rules
                 self.rule = spec.rule
                 self._key: _Spec | None = spec
@@ -369,7 +370,7 @@ class allow_blocking(ContextVarScope[tuple[AllowRule, ...]]):  # noqa: N801 - re
                 key = None
         else:
             key = None
-        if spec is None or not (not spec.rule.events or _KNOWN.keys() >= spec.rule.events):
+        if spec is None:
             spec = _Spec(self._build(events, module, path, call_site, everything))
             if key is not None:
                 if len(cache) >= _MAX_CACHED:
@@ -408,10 +409,6 @@ class allow_blocking(ContextVarScope[tuple[AllowRule, ...]]):  # noqa: N801 - re
         return super().__call__(check_decorated("allow_blocking()", func))
 
 
-# The live table of detected events: one dict, mutated in place, never rebound.
-_KNOWN = live_weights()
-
-
 class _Spec:
     """An `allow_blocking` content's checked rule, kept per content; hashed by identity."""
 
@@ -426,3 +423,13 @@ class _Spec:
 _scope_events: dict[object, _Spec] = {}
 _scope_rules: dict[object, _Spec] = {}
 _MAX_CHILDREN = 256  # scopes of distinct content entered inside one scope before its cache starts over
+
+
+def forget_kept_scopes() -> None:
+    """Forget the kept scope rules, as the table of detected events loses events (`_api`).
+
+    A kept rule was checked when it was built: every event it names was detected then. Once one may no
+    longer be, each content is built and checked again when next made (and refused if it names the event).
+    """
+    _scope_events.clear()
+    _scope_rules.clear()

@@ -447,6 +447,16 @@ def test_a_kept_scope_rule_is_checked_again_once_its_event_is_unregistered() -> 
         aiocop.allow_blocking("tests.cost.event")
 
 
+def test_a_kept_scope_rule_is_checked_again_once_the_table_is_reset() -> None:
+    aiocop.register_blocking_event("tests.cost.event")
+    try:
+        aiocop.allow_blocking("tests.cost.event", module="tests")
+    finally:
+        aiocop.reset_blocking_event_table()
+    with pytest.raises(ValueError, match=r"unknown event 'tests\.cost\.event'"):
+        aiocop.allow_blocking("tests.cost.event", module="tests")
+
+
 @pytest.mark.parametrize("everything", [0, 1, None])
 def test_a_kept_scope_never_stands_for_a_falsy_or_truthy_non_bool(everything: object) -> None:
     aiocop.allow_blocking("os.stat", everything=False)  # kept under a key 0 would equal
