@@ -9,20 +9,25 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from contextvars import ContextVar, Token
+from contextvars import ContextVar
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
 # What the scopes entered in the current context need to leave them: the
-# innermost entry, as (token, what `_on_enter` returned, the entry outside it),
-# None when no scope is entered (a linked stack: entering and leaving make one
-# small tuple, not a copy of the stack). Kept in the context rather than in
-# the instance: one instance (a module-level `QUIET =
-# aiocop.monitored(enabled=False)`, a decorated coroutine function) may be
-# entered by several tasks at once, and each must leave its own entry.
-Entry = tuple[Token[Any], object, "Entry | None"]
+# innermost entry, as [token, what `_on_enter` returned, the token of the
+# entry's own setting of this variable], None when no scope is entered.
+# Kept in the context rather than in the instance: one instance (a
+# module-level `QUIET = aiocop.monitored(enabled=False)`, a decorated
+# coroutine function) may be entered by several tasks at once, and each must
+# leave its own entry. The entries form a linked stack through their own
+# tokens: resetting one restores the entry outside it (entering and leaving
+# make one small list, not a copy of the stack), and leaving the outermost
+# takes the variable out of the context again (a task that entered a scope
+# keeps nothing of it, and makes no token, as setting the variable would).
+# A list, not a tuple: its own token exists only once it is set.
+Entry = list[Any]
 entered: ContextVar[Entry | None] = ContextVar("aiocop_entered_scopes", default=None)
 
 
@@ -52,7 +57,8 @@ class ContextVarScope(Generic[T]):
 
     def __enter__(self) -> ContextVarScope[T]:
         token = self._var.set(self._value())
-        entered.set((token, self._on_enter() if self._hooks else None, entered.get()))
+        entry: Entry = [token, self._on_enter() if self._hooks else None, None]
+        entry[2] = entered.set(entry)
         return self
 
     def __exit__(self, exc_type: object = None, exc: object = None, traceback: object = None) -> None:
@@ -64,7 +70,7 @@ class ContextVarScope(Generic[T]):
             # order, which only tasks sharing one context do (veloxloop copies
             # no context into its tasks). Leaving the innermost first still
             # restores everything once all are left.
-            token, on_enter, outside = entry
+            token, on_enter, own = entry
             self._var.reset(token)  # ValueError if entered in another context (a task's copy)
         except ValueError:
             # Left where it was not entered: in another task, or never
@@ -73,7 +79,7 @@ class ContextVarScope(Generic[T]):
                 f"{type(self).__name__} scope left where it was not entered: leave each scope in the task "
                 "(and the block) that entered it, innermost first"
             ) from None
-        entered.set(outside)
+        entered.reset(own)  # the same context as `token`'s, whose reset worked
         if self._hooks:
             self._on_exit(on_enter)
 
