@@ -178,6 +178,23 @@ def audit_hook(  # noqa: PLR0912 - one function on purpose: a call costs more th
         loop = _trio_run(namespace.get("runner"))
     elif rule.boundary:
         return
+    # The allow rules that can match the event: `_allow.matcher`, its caches
+    # read inline (a call costs more), the global rules', or the one kept on a
+    # scope's rules (see ScopedRules). A call allowed wherever it is made (a
+    # rule naming only events, as `with allow_blocking("open"):` in a handler)
+    # is settled here, before the call of _capture; one whose rules are not
+    # compiled yet is left to _capture, which compiles them under `busy`.
+    allow: _allow.Matcher | None = None
+    scoped = _allow.scoped_rules.get()
+    if _allow._global_rules or scoped:
+        if not scoped:
+            allow = _allow._global_matchers.get(event, _UNSET)
+        elif type(scoped) is _SCOPED_RULES and scoped.generation == _allow._generation:
+            allow = scoped.matchers.get(event, _UNSET)
+        else:
+            allow = _UNSET
+        if allow is not None and allow is not _UNSET and allow.always:
+            return
     try:
         state: _ThreadState = _local.state  # no builtin getattr() call: the except runs once per thread
     except AttributeError:
@@ -189,7 +206,7 @@ def audit_hook(  # noqa: PLR0912 - one function on purpose: a call costs more th
         return
     state.busy = True
     try:
-        captured = _capture(event, args, rule.weight, loop, state, trio_task, _caller)
+        captured = _capture(event, args, rule.weight, loop, state, trio_task, _caller, allow)
         if _callbacks.call_observers and captured is not None and captured is not _DROPPED:
             _callbacks.observe_call(captured)
     except Exception:
@@ -398,6 +415,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     state: _ThreadState,
     trio_task: TrioTask | None,
     caller: int,
+    allow: _allow.Matcher | None,
 ) -> Record | None:
     """Record the call in its step's group (`state.group`); its record, `_DROPPED`, or `None` if not to be reported.
 
@@ -410,22 +428,14 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     first `trace_depth` frames as (code, f_lasti): the line number is worked
     out only when someone formats the event), its user's and application's
     frames, even beyond that depth, the clock and its step's group.
+
+    `allow`: the allow rules that can match the event, as the hook found them
+    in the caches (`_UNSET`: not compiled yet for the rules in force).
     """
-    scoped = _allow.scoped_rules.get()
-    allow: _allow.Matcher | None = None
-    if _allow._global_rules or scoped:
-        # _allow.matcher, its caches read inline (a call costs more): the
-        # global rules', or the one kept on a scope's rules (see ScopedRules).
-        if not scoped:
-            allow = _allow._global_matchers.get(event, _UNSET)
-        elif type(scoped) is _SCOPED_RULES and scoped.generation == _allow._generation:
-            allow = scoped.matchers.get(event, _UNSET)
-        else:
-            allow = _UNSET
-        if allow is _UNSET:
-            allow = _allow.matcher(event, scoped)
-    if allow is not None and allow.always:
-        return None  # allowed wherever it is made
+    if allow is _UNSET:
+        allow = _allow.matcher(event, _allow.scoped_rules.get())
+        if allow is not None and allow.always:
+            return None  # allowed wherever it is made
     base = state.base_frame
     root: FrameType | None = None
     task: Task[Any] | TrioTask | None = trio_task
