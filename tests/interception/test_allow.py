@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import sys
 import threading
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import aiocop
+from aiocop._interception import allow as _allow
+from aiocop._interception import scope as _scope
 from aiocop._interception import wrappers as _wrappers
 from tests.conftest import Collector, run_on
 from tests.support import blocking_calls
@@ -445,6 +448,27 @@ def test_a_kept_scope_rule_is_checked_again_once_its_event_is_unregistered() -> 
         aiocop.unregister_blocking_event("tests.cost.event")
     with pytest.raises(ValueError, match=r"unknown event 'tests\.cost\.event'"):
         aiocop.allow_blocking("tests.cost.event")
+
+
+def test_scopes_left_out_of_order_in_one_context_restore_everything_once_all_are_left() -> None:
+    # Tasks sharing one context (veloxloop's) may leave their scopes out of
+    # order: each leave undoes the innermost entry, whoever's it is.
+    outer, inner = aiocop.allow_blocking("os.stat"), aiocop.allow_blocking("open")
+
+    def enter_both_leave_outer_first() -> None:
+        outer.__enter__()
+        inner.__enter__()
+        both = _allow.scoped_rules.get()
+        outer.__exit__(None, None, None)
+        assert _allow.scoped_rules.get() == (outer.rule,)  # inner's entry undone
+        assert _allow.scoped_rules.get() != both
+        inner.__exit__(None, None, None)
+        assert _allow.scoped_rules.get() is _allow.NO_RULES
+        assert _scope.entered.get() is None
+        with pytest.raises(RuntimeError, match="allow_blocking"):
+            inner.__exit__(None, None, None)
+
+    contextvars.copy_context().run(enter_both_leave_outer_first)
 
 
 def test_a_kept_scope_rule_is_checked_again_once_the_table_is_reset() -> None:
