@@ -515,6 +515,11 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
                 outer = frame
                 frame = frame.f_back
                 continue
+        # A module the matcher knows it allows settles it without a call; at
+        # the caller, before the harmless rules, which say the same (not
+        # reported) for the calls they match.
+        if allow is not None and (allow.by_name.get(name) or allow.frame_allowed(frame, name)):
+            return None  # the rest of the walk is not needed
         if not frames:
             # The caller. Whether the call is a known-harmless internal is
             # decided here, before the rest of the walk: a debug-mode loop
@@ -527,9 +532,6 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
                 harmless = _harmless.rules_in_play(event, name, kind)
             if harmless and _harmless.any_matches(harmless, args, frame, base, loop, event, name):
                 return None
-        # A module the matcher knows it allows settles it without a call.
-        if allow is not None and (allow.by_name.get(name) or allow.frame_allowed(frame, name)):
-            return None  # the rest of the walk is not needed
         if frames:
             frames.append(frame)
             kinds.append(kind)
