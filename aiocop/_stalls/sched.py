@@ -103,15 +103,19 @@ def _task_file(native_id: int, name: str, size: int) -> bytes | None:
             os.close(fd)
 
 
-def queued(native_id: int) -> float | None:
-    """Seconds thread `native_id` of this process has spent runnable but waiting for a CPU, since it began.
+def queued(native_id: int) -> tuple[float, int] | None:
+    """Seconds thread `native_id` has spent runnable but waiting for a CPU, and the times it was given one.
 
-    None: not told (off Linux, the thread gone, the file unreadable).
+    Both since the thread began. None: not told (off Linux, the thread gone,
+    the file unreadable).
     """
     text = _task_file(native_id, "schedstat", 128)
+    if text is None:
+        return None
     try:
-        return int(text.split()[1]) / 1e9 if text is not None else None
-    except (ValueError, IndexError):
+        _ran, waited, slices = text.split()[:3]
+        return int(waited) / 1e9, int(slices)
+    except ValueError:  # (also too few fields to unpack)
         return None
 
 
@@ -126,5 +130,6 @@ def runnable(native_id: int) -> bool | None:
     text = _task_file(native_id, "stat", 512)
     if text is None:
         return None
-    state = text[text.rfind(b")") + 1 :].split()[:1]
+    close = text.rfind(b")")
+    state = text[close + 1 :].split()[:1] if close >= 0 else []
     return state == [b"R"] if state else None

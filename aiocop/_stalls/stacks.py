@@ -181,6 +181,12 @@ def stack_of(innermost: FrameType, root: FrameType) -> tuple[tuple[CodeType, int
     return tuple(frames)
 
 
+# A thread's share of a CPU between two samples below which its wait for a
+# CPU is read (`sample`): on a quiet machine a spinning loop thread has it
+# all, and is not read.
+_WHOLE_CPU = 0.9
+
+
 def full(step: Step) -> bool:
     """Whether `step` has all the samples it keeps."""
     return sum(step.samples.values()) >= sampling.max_samples_per_slice
@@ -191,40 +197,50 @@ def sample(
     stack: tuple[tuple[CodeType, int], ...],
     now: float,
     cpu: float | None,
-    queued: Callable[[], float | None] | None = None,
+    queued: Callable[[], tuple[float, int] | None] | None = None,
     runnable: Callable[[], bool | None] | None = None,
 ) -> None:
     """Count `stack` (`stack_of`), taken at `now`, as one of `step`'s samples, waiting or working.
 
-    `queued` reads how long its thread has waited for a CPU so far
-    (sched.queued), `runnable` whether it is runnable now (sched.runnable):
-    called only where the CPU clock says it waited.
+    `queued` reads how long its thread has waited for a CPU so far, and how
+    many times it was given one (sched.queued); `runnable`, whether it is
+    runnable now (sched.runnable). Called only where the CPU clock says the
+    thread had less than a whole CPU.
     """
     step.samples[stack] = step.samples.get(stack, 0) + 1
     # Waiting or working at this sample: did the thread's CPU clock move
     # since the previous one (or since the step was first seen)? Time it
     # spent runnable but kept off the CPUs by other processes (`queued`)
     # counts as working: a spin on a busy machine is no wait. Read only
-    # then: the read lets go of the GIL, and a loop thread spinning in
-    # Python takes it and keeps it a switch interval (5 ms) before the
-    # watchdog can end its look, and again before the next: read at every
-    # sample, the looks around a 45 ms stall among 12 ms steps came 8 to 30
-    # ms apart, and half such stalls were missed (87.5 % of them seen
-    # without the read, 34 % with it, in one run). A sample after one whose
-    # clock moved has no earlier reading to count from: told by the clock.
-    read: float | None = None
+    # where the thread had less than a whole CPU: the read lets go of the
+    # GIL, and a loop thread spinning in Python takes it and keeps it a
+    # switch interval (5 ms) before the watchdog can end its look, and again
+    # before the next: read at every sample, the looks around a 45 ms stall
+    # among 12 ms steps came 8 to 30 ms apart on a quiet machine, and half
+    # such stalls were missed (87.5 % of them seen without the read, 34 %
+    # with it, in one run). Read also where the clock moved less than a
+    # whole CPU's worth, so that the next sample has a reading to count from
+    # (a starved spin's samples alternate between the two). A sample with no
+    # earlier reading is told by the clock.
+    told: tuple[float, int] | None = None
     if cpu is not None and step.sample_cpu is not None and now > step.sample_t:
+        gap = now - step.sample_t
         worked = cpu - step.sample_cpu
-        if worked < CPU_BOUND_RATE * (now - step.sample_t):
-            read = queued() if queued is not None else None
-            if read is not None and step.sample_queued is not None:
-                worked += read - step.sample_queued
+        if worked < _WHOLE_CPU * gap and queued is not None:
+            told = queued()
+        before = step.sample_queued
+        if worked < CPU_BOUND_RATE * gap and told is not None and before is not None:
+            worked += told[0] - before[0]
             # Linux adds a wait for a CPU to the queued time only as the
-            # thread gets one: kept off the CPUs through the whole gap (a
-            # starved spin among many busy processes), the thread shows
-            # neither CPU nor queued time since, and only its state says it
-            # was runnable, not waiting (every sample of three starved spins
-            # read "waiting" with six `yes` processes beside them).
-            if worked < CPU_BOUND_RATE * (now - step.sample_t) and not (runnable is not None and runnable()):
-                step.waiting[stack] = step.waiting.get(stack, 0) + 1
-    step.sample_t, step.sample_cpu, step.sample_queued = now, cpu, read
+            # thread gets one: a thread never given a CPU through the whole
+            # gap shows neither. Blocked (a wait) or runnable all along but
+            # kept off the CPUs (a starved spin: every sample of three read
+            # "waiting" with six `yes` processes beside them): its state now
+            # says which. Not where it was given a CPU meanwhile: a thread
+            # waiting for the GIL wakes every switch interval to ask, and is
+            # made runnable by this very read letting go of the GIL.
+            if worked < CPU_BOUND_RATE * gap and told[1] == before[1] and runnable is not None and runnable():
+                worked = gap
+        if worked < CPU_BOUND_RATE * gap:
+            step.waiting[stack] = step.waiting.get(stack, 0) + 1
+    step.sample_t, step.sample_cpu, step.sample_queued = now, cpu, told

@@ -86,7 +86,8 @@ class Step:
         self.waiting: dict[tuple[tuple[CodeType, int], ...], int] = {}  # samples taken while idle on CPU
         self.sample_t = now
         self.sample_cpu = cpu
-        self.sample_queued: float | None = None  # its thread's wait for a CPU at the last sample (sched.queued)
+        # Its thread's wait for a CPU, and the times it was given one, at the last sample (sched.queued).
+        self.sample_queued: tuple[float, int] | None = None
         self.next_sample = 0.0
         self.stalled = False
         self.merged = False  # its io event took it over

@@ -940,7 +940,7 @@ def _within_slack(state: LoopState, cpu: float | None, probe_now: float) -> bool
     return not _timing.moved(state.idle_cpu, cpu, probe_now - state.probe_seen + _GUARDED_SLACK_S)
 
 
-def _queued(watch: LoopWatch) -> float | None:
+def _queued(watch: LoopWatch) -> tuple[float, int] | None:
     # How long the loop's thread has waited for a CPU (_sched.queued), for a
     # stall's sample to tell a starved spin from a wait.
     native = _waits.native_id(watch.thread_id)

@@ -63,8 +63,9 @@ class Recorded:
         self.stalls: list[Stall] = []
         # (report number, the step's age at the look, hung_s) for each hang report
         self.hangs: list[tuple[int, float, float]] = []
-        # What the loop thread's schedstat tells at a sample: seconds it waited for a CPU (None: not told).
-        self.queued: float | None = None
+        # What the loop thread's schedstat tells at a sample: seconds it waited for a CPU, and the times it
+        # was given one (None: not told).
+        self.queued: tuple[float, int] | None = None
         # And its state: whether it is runnable (None: not told).
         self.runnable: bool | None = None
 
@@ -475,7 +476,7 @@ def test_look_sequence_waiting_stall(rec: Recorded, frames: Frames) -> None:
     assert stall.waiting
 
 
-@pytest.mark.parametrize("machine", ["busy", "quiet", "untold"])
+@pytest.mark.parametrize("machine", ["busy", "starved", "quiet", "untold"])
 def test_a_spin_kept_off_the_cpus_by_a_busy_machine_is_working_not_waiting(
     rec: Recorded, frames: Frames, machine: str
 ) -> None:
@@ -491,16 +492,20 @@ def test_a_spin_kept_off_the_cpus_by_a_busy_machine_is_working_not_waiting(
     looks.at(100.000, 1.000, frames.idle)
     looks.at(100.010, 1.008, a)
     for i, now in enumerate((100.020, 100.031, 100.042, 100.053)):  # sampled from 15 ms after the sighting
-        # Busy: 10 of every 11 ms runnable but queued; quiet: neither running nor queued, and blocked.
-        rec.queued = {"busy": 0.010 * i, "quiet": 0.001, "untold": None}[machine]
-        rec.runnable = {"busy": True, "quiet": False, "untold": None}[machine]
+        # Busy: 10 of every 11 ms runnable but queued; starved: never given a CPU, runnable all along;
+        # quiet: neither running nor queued, and blocked.
+        rec.queued = {"busy": (0.010 * i, 40 + i), "starved": (0.001, 40), "quiet": (0.001, 40), "untold": None}[
+            machine
+        ]
+        rec.runnable = {"busy": True, "starved": True, "quiet": False, "untold": None}[machine]
         looks.at(now, 1.008, a)
     looks.at(100.064, 1.009, frames.idle)
     [stall] = rec.stalls
     [(_stack, taken)] = stall.samples
     assert taken == 3  # the first waiting by its CPU clock alone (no reading before it), when busy too
-    assert stall.waiting_top is (machine != "busy")
-    assert stall.culprit().startswith("waiting") is (machine != "busy")
+    working = machine in ("busy", "starved")
+    assert stall.waiting_top is not working
+    assert stall.culprit().startswith("waiting") is not working
 
 
 def test_wait_not_seen_past_the_threshold_is_no_stall(rec: Recorded, frames: Frames) -> None:
@@ -1433,7 +1438,7 @@ def test_a_late_looks_sample_is_the_stack_the_loop_had_at_the_look(
 
         asked: list[object] = []
 
-        def queued(watch: object) -> float | None:
+        def queued(watch: object) -> tuple[float, int] | None:
             asked.append(watch)
             if read == "queued":
                 loop_thread.run_on()
@@ -1915,15 +1920,15 @@ def test_an_io_event_ends_no_later_than_a_later_step_is_known_to_run(rec: Record
     assert group.t_end == near(100.0502)
 
 
-def test_a_samples_wait_for_a_cpu_is_read_only_where_its_clock_stood_still(rec: Recorded) -> None:
+def test_a_samples_wait_for_a_cpu_is_read_only_where_its_thread_had_less_than_a_whole_cpu(rec: Recorded) -> None:
     """The read lets go of the GIL, which a loop thread spinning in Python then keeps for a switch interval:
-    a working sample (its clock moved) does without it; one whose clock stood still reads it, and counts
-    its thread's wait for a CPU as work from the next such sample on."""
+    a sample whose thread had a whole CPU does without it; one with less reads it, and counts its thread's
+    wait for a CPU as work from the next such sample on (a sample with no earlier reading: its clock)."""
     s = step(100.000, 100.010, 100.010, 1.000, 1.010, 1.010)
-    reads: list[float] = []
-    told = iter((0.100, 0.109, 0.110))
+    reads: list[tuple[float, int]] = []
+    told = iter(((0.100, 7), (0.109, 8), (0.110, 9)))
 
-    def queued() -> float | None:
+    def queued() -> tuple[float, int] | None:
         reads.append(next(told))
         return reads[-1]
 
@@ -1931,31 +1936,37 @@ def test_a_samples_wait_for_a_cpu_is_read_only_where_its_clock_stood_still(rec: 
     _stacks.sample(s, stack, 100.020, 1.020, queued)  # 10 ms of CPU in 10 ms: working, no read
     assert reads == [] and s.sample_queued is None and not s.waiting
     _stacks.sample(s, stack, 100.030, 1.0201, queued)  # the clock stood still: read; no earlier reading
-    assert reads == [0.100] and s.waiting == {stack: 1}
+    assert len(reads) == 1 and s.waiting == {stack: 1}
     _stacks.sample(s, stack, 100.040, 1.0202, queued)  # still again, 9 ms of it queued: a starved spin
-    assert reads == [0.100, 0.109] and s.waiting == {stack: 1}
+    assert len(reads) == 2 and s.waiting == {stack: 1}
+    _stacks.sample(s, stack, 100.050, 1.0252, queued)  # half a CPU: working by its clock, read for the next
+    assert len(reads) == 3 and s.sample_queued == (0.110, 9) and s.waiting == {stack: 1}
 
 
-def test_a_sample_whose_thread_showed_neither_cpu_nor_queued_time_is_told_by_its_state(rec: Recorded) -> None:
+def test_a_sample_whose_thread_was_never_given_a_cpu_is_told_by_its_state(rec: Recorded) -> None:
     """Linux adds a wait for a CPU to the queued time only as the thread gets one: a thread kept off the CPUs
-    through a whole gap between samples shows neither, and only its state (runnable) tells it from a wait."""
+    through a whole gap between samples shows neither, and only its state (runnable) tells it from a wait.
+    Not where it was given a CPU meanwhile: a thread waiting for the GIL wakes to ask every switch interval,
+    and is runnable at the very read that lets go of it."""
     s = step(100.000, 100.010, 100.010, 1.000, 1.010, 1.010)
-    states = iter((True, False))
     asked: list[bool] = []
+    states = iter((True, False))
 
     def runnable() -> bool | None:
         asked.append(next(states))
         return asked[-1]
 
     stack = ((step.__code__, 0),)
-    _stacks.sample(s, stack, 100.020, 1.020, lambda: 0.100, runnable)  # working by its clock: not asked
+    _stacks.sample(s, stack, 100.020, 1.011, lambda: (0.100, 5), runnable)  # a tenth of a CPU: working, read
     assert asked == [] and not s.waiting
-    _stacks.sample(s, stack, 100.030, 1.020, lambda: 0.100, runnable)  # nothing moved, runnable: working
+    _stacks.sample(s, stack, 100.030, 1.011, lambda: (0.100, 5), runnable)  # never given a CPU, runnable
     assert asked == [True] and not s.waiting
-    _stacks.sample(s, stack, 100.040, 1.020, lambda: 0.100, runnable)  # nothing moved, not runnable: waiting
+    _stacks.sample(s, stack, 100.040, 1.011, lambda: (0.100, 5), runnable)  # never given one, blocked: a wait
     assert asked == [True, False] and s.waiting == {stack: 1}
-    _stacks.sample(s, stack, 100.050, 1.020, lambda: 0.100, lambda: None)  # not told (off Linux): its clock
-    assert s.waiting == {stack: 2}
+    _stacks.sample(s, stack, 100.050, 1.011, lambda: (0.100, 7), runnable)  # given a CPU twice (a GIL waiter)
+    assert asked == [True, False] and s.waiting == {stack: 2}  # its state not asked: a wait
+    _stacks.sample(s, stack, 100.060, 1.011, lambda: (0.100, 7), lambda: None)  # not told (off Linux)
+    assert s.waiting == {stack: 3}
 
 
 # --- the CPU of the watchdog's own thread is no other thread's (issue 37, a missed hold under load) -----
