@@ -456,7 +456,8 @@ def test_reading_an_event_on_the_loop_reports_none_of_aiocops_own_source_reads(
 
     async def main() -> None:
         linecache.clearcache()  # (the file read again, as the first time)
-        assert event.culprit == "running inner()"  # THE READ: every field formatted
+        # THE READ: every field formatted (the call's text on 3.11+, its whole line on 3.10)
+        assert event.culprit.startswith("running ") and "inner()" in event.culprit
         await asyncio.sleep(0)
 
     run_on(loop_name, main())
