@@ -473,13 +473,19 @@ def test_the_1x_fastapi_request_context_recipe_runs_unchanged() -> None:
     assert result.returncode == 0, result.stderr
     # The slow request's event names it (the client's first request may
     # also stall the loop for a while, outside any request: "[]"; and on a
-    # busy machine the first, fast, request's own step can take the
-    # threshold too: a real stall, named by its own request ID).
+    # busy machine another step of either request can take the threshold
+    # too: a real stall, named by its own request ID, as a 34.5 ms one of
+    # the slow request's on 3.10 in CI).
     requests = [line for line in result.stdout.splitlines() if line.startswith("[req-")]
-    slow = [line for line in requests if line.startswith("[req-slow] Slow task: ")]
-    assert len(slow) == 1, result.stdout
-    assert all(line.startswith("[req-fast] Slow task: ") for line in requests if line not in slow), result.stdout
-    assert float(slow[0].rpartition(" ")[2].removesuffix("ms")) >= 90
+    assert all(line.startswith(("[req-fast] Slow task: ", "[req-slow] Slow task: ")) for line in requests), (
+        result.stdout
+    )
+    planned = [
+        line
+        for line in requests
+        if line.startswith("[req-slow] ") and float(line.rpartition(" ")[2].removesuffix("ms")) >= 90
+    ]
+    assert len(planned) == 1, result.stdout
 
 
 DATADOG_1X = '''
