@@ -272,3 +272,23 @@ def test_the_per_task_child_times_blockbuster_and_counts_each_call_it_raised_for
     for name, data in result["scenarios"].items():
         assert data["ok"], (name, data["problems"])
         assert data["delivered"] == [0 if name == "pure" else 1000], name
+
+
+@pytest.mark.timeout(200)
+def test_crossings_follows_one_call_and_one_stall_to_the_callback() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "crossings.py"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    stat, stall = (json.loads(line) for line in done.stdout.splitlines())
+    # The call is seen by the wrapper's hook and ends in the callbacks' part, on the loop's thread alone.
+    (call,) = stat["threads"]
+    assert call["path"][0] == "aiocop._interception" and call["path"][-1] == "aiocop._model", call
+    assert call["crossings"] == len(call["path"]) - 1 >= 2
+    # The stall is handed to the reports (the watchdog's thread) and delivered from them (the loop's).
+    assert any(thread["path"][-1] == "aiocop._model" for thread in stall["threads"]), stall
+    assert all("aiocop._reporting" in thread["path"] for thread in stall["threads"]), stall
