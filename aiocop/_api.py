@@ -514,7 +514,7 @@ def register_blocking_event(event: str, weight: int = 10) -> None:
     Added in 2.0.
     """
     check_name("event", event)
-    _rules.live_weights()[event] = check_int("weight", weight, 0)
+    _rules.set_weight(event, check_int("weight", weight, 0))
     _hook.rebuild()
 
 
@@ -526,15 +526,13 @@ def unregister_blocking_event(event: str) -> None:
         raise KeyError(
             f"{event!r} is not a detected event{did_you_mean(event, weights)}; see aiocop.get_blocking_events_dict()"
         )
-    del weights[event]
+    _rules.remove_weight(event)
     _allow.forget_kept_scopes()
     _hook.rebuild()
 
 
 def reset_blocking_event_table() -> None:
     """Restore the default table of detected events and weights. Added in 2.0."""
-    weights = _rules.live_weights()
-    weights.clear()
-    weights.update(_rules.DEFAULT_WEIGHTS)
+    _rules.reset_weights()
     _allow.forget_kept_scopes()  # it may have lost events registered since
     _hook.rebuild()

@@ -196,7 +196,7 @@ def audit_hook(  # noqa: PLR0912 - one function on purpose: a call costs more th
         if allow is not None and allow is not _UNSET and allow.always:
             return
     try:
-        state: _ThreadState = _local.state  # no builtin getattr() call: the except runs once per thread
+        state: ThreadState = _local.state  # no builtin getattr() call: the except runs once per thread
     except AttributeError:
         state = current_state()
     if state.busy or not _state.monitored.get():
@@ -256,8 +256,15 @@ def _raise_violation(group: StepGroup, record: Record | None) -> None:
     raise _make_violation(group)
 
 
-class _ThreadState:
-    """What the hook keeps per thread (one instance per thread, see `current_state`)."""
+class ThreadState:
+    """What the hook keeps per thread (one instance per thread, see `current_state`).
+
+    The hook writes it, with two exceptions, each through this module: `busy` is also set, around their own
+    work on a loop's thread, by the parts that run code there (delivery and its callbacks, building an
+    event's fields, the watchdog starting its thread), so that the hook does not report aiocop's own calls
+    as the app's; and a delivery lets go of its batch through `end_batch`, of everything after a fork
+    through `forget_steps_after_fork`.
+    """
 
     __slots__ = ("base_frame", "busy", "group", "pending", "pending_loop", "thread_id", "thread_name", "trio_run")
 
@@ -289,11 +296,11 @@ class _ThreadState:
 _local = threading.local()
 
 
-def current_state() -> _ThreadState:
+def current_state() -> ThreadState:
     """This thread's hook state (created on first use)."""
-    state: _ThreadState | None = getattr(_local, "state", None)
+    state: ThreadState | None = getattr(_local, "state", None)
     if state is None:
-        state = _local.state = _ThreadState()
+        state = _local.state = ThreadState()
     return state
 
 
@@ -344,7 +351,9 @@ class StepGroup:
     imports = False  # a record is an import: what failed to import is noted at delivery
     t_end = 0.0  # perf_counter() when the step was seen to be over
     raised: Record | None = None  # the call raise_on_violations failed first
-    stall: Any = None  # the watchdog's view of this step, if it stalled
+    # The watchdog's view of this step, if it stalled (a `_stalls.attribution.Stall`): put here and read by
+    # delivery, which casts it. Typed `object`: the hook neither reads it nor may know the watchdog's types.
+    stall: object = None
     # What the context providers returned at the step's first blocking call,
     # inside the step (as 1.x did): a provider may read state that is gone
     # once the step is over. None: no provider was registered then.
@@ -412,7 +421,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
     args: tuple[Any, ...],
     weight: int,
     loop: AbstractEventLoop | TrioRun,
-    state: _ThreadState,
+    state: ThreadState,
     trio_task: TrioTask | None,
     caller: int,
     allow: _allow.Matcher | None,
@@ -701,7 +710,7 @@ class BufferSummary:
         return f"<{self.size} bytes>"
 
 
-def _schedule(group: StepGroup, loop: AbstractEventLoop | TrioRun, state: _ThreadState) -> None:
+def _schedule(group: StepGroup, loop: AbstractEventLoop | TrioRun, state: ThreadState) -> None:
     # One delivery callback per loop iteration, not per step: the first step
     # with a blocking call schedules it, later ones in the same iteration join
     # its batch (call_soon'd callbacks run in the next iteration, after them;
@@ -779,6 +788,27 @@ def _on_loop_boundary() -> None:
 def claim(group: StepGroup) -> bool:
     """Take the right to deliver `group`; true for exactly one caller."""
     return unclaimed.pop(group, None) is not None
+
+
+def end_batch(batch: list[StepGroup], state: ThreadState, now: float) -> None:
+    """The delivery of `batch` has begun on this thread (`state`'s): the thread's state lets go of it, and a
+    step of it not yet seen to end ends `now`. Run first by the delivery callback the batch scheduled."""
+    if state.pending is batch:
+        state.pending = state.pending_loop = None
+    if state.group is not None and state.group in batch:
+        state.group = None
+    for group in batch:
+        if not group.t_end:
+            group.t_end = now
+
+
+def forget_steps_after_fork() -> None:
+    """In a forked child: the parent's steps are the parent's to deliver (a child that delivered them too
+    would report each twice), and the forking thread's batch and step are gone with them."""
+    unclaimed.clear()
+    state = current_state()
+    state.pending = state.pending_loop = None
+    state.group = None
 
 
 def reset_current_step() -> None:

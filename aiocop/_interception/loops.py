@@ -229,16 +229,21 @@ def register(
     thread_id: int | None = None,
     *,
     starting: bool = False,
+    discovered: bool = False,
 ) -> LoopWatch:
     """Record that `loop` runs on the current thread (or the given one).
 
-    `starting`: called by the loop's own thread as it starts, before its first step.
+    `starting`: called by the loop's own thread as it starts, before its first step. `discovered`: found
+    running by the watchdog or attach, not told by its start (LoopWatch.discovered); marked before the
+    watch is published, so that no look sees it unmarked.
     """
     global watches
     current = watches.get(threading.get_ident() if thread_id is None else thread_id)
     if current is not None and current.loop is loop:
         if base_frame is not None:
             current.base_frame = base_frame
+        if discovered:
+            current.discovered = True
         return current  # the same start, seen through a second signal
     if current is not None:
         # Another loop on this thread, whose stop aiocop was not told of (one
@@ -248,6 +253,7 @@ def register(
         current.watchdog.loop_gone(False)
         retired.append((current, perf_counter(), current.cpu_time()))
     watch = LoopWatch(loop, base_frame, thread_id)
+    watch.discovered = discovered
     if starting:
         watch.watchdog.loop_started(perf_counter(), watch.cpu_time())  # (idle at this moment)
     with _watch_lock:

@@ -297,7 +297,26 @@ _weights: dict[str, int] = dict(DEFAULT_WEIGHTS)
 
 
 def live_weights() -> dict[str, int]:
+    """The table of detected events and their weights, itself: for this part's readers (the hook compiles
+    it, allow checks rule names against it), who must not change it. The public API changes it through
+    set_weight, remove_weight and reset_weights, and then has the hook rebuild its table."""
     return _weights
+
+
+def set_weight(event: str, weight: int) -> None:
+    """Detect `event` with `weight` (a checked name and weight: `register_blocking_event`)."""
+    _weights[event] = weight
+
+
+def remove_weight(event: str) -> None:
+    """Stop detecting `event`; KeyError if it is not detected."""
+    del _weights[event]
+
+
+def reset_weights() -> None:
+    """The table as aiocop ships it (DEFAULT_WEIGHTS)."""
+    _weights.clear()
+    _weights.update(DEFAULT_WEIGHTS)
 
 
 def get_blocking_events_dict() -> dict[str, int]:

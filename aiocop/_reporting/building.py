@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextvars
 import weakref
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from aiocop._common import clock as _clock
 from aiocop._common.clock import elapsed, perf_counter
@@ -247,7 +247,7 @@ def _step_fields(
 ) -> dict[str, Any]:
     if task_name is not None and not isinstance(task_name, str):
         task_name = _hook.task_name(task_name)
-    stall: Stall | None = group.stall
+    stall = cast("Stall | None", group.stall)
     elapsed_ms = _elapsed_ms(group)
     threshold_ms = origin.threshold_ms
     raised = group.raised
@@ -282,7 +282,7 @@ def _step_fields(
 
 
 def _elapsed_ms(group: StepGroup) -> float:
-    stall: Stall | None = group.stall
+    stall = cast("Stall | None", group.stall)
     # A CPU-bound stall's start (from the thread's CPU clock) can be earlier
     # than the first blocking call, and then it is the step's; for a wait,
     # the call's own timestamp is the better bound.

@@ -19,7 +19,7 @@ import contextlib
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from aiocop._common import forksafe as _forksafe
 from aiocop._common.clock import perf_counter
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from asyncio import AbstractEventLoop
     from collections.abc import Callable
 
-    from aiocop._interception.hook import StepGroup
+    from aiocop._interception.hook import StepGroup, ThreadState
     from aiocop._interception.loops import LoopWatch
     from aiocop._stalls.attribution import Stall
     from aiocop._stalls.state import LoopState
@@ -126,15 +126,8 @@ def flush(batch: list[StepGroup]) -> None:
         state.busy = was_busy
 
 
-def _flush(batch: list[StepGroup], state: Any) -> None:
-    now = perf_counter()
-    if state.pending is batch:
-        state.pending = state.pending_loop = None
-    if state.group is not None and state.group in batch:
-        state.group = None
-    for group in batch:
-        if not group.t_end:
-            group.t_end = now
+def _flush(batch: list[StepGroup], state: ThreadState) -> None:
+    _hook.end_batch(batch, state, perf_counter())
     claimed = _claim(batch)
     if not claimed:
         return
@@ -151,11 +144,11 @@ def _flush(batch: list[StepGroup], state: Any) -> None:
 
 def _claim(batch: list[StepGroup]) -> list[StepGroup]:
     """The groups of `batch` this delivery takes (`_hook.claim`), with the watchdog's stalls."""
-    take = _hook.unclaimed.pop
+    claim = _hook.claim
     watches = _loops.watches
     if not watches:
         # No watchdog: nobody hands stalls over, claiming alone decides.
-        return [group for group in batch if take(group, None) is not None]
+        return [group for group in batch if claim(group)]
     claimed = []
     # A batch is one loop's, run on its thread: one watch for all its groups.
     watch = watches.get(batch[0].thread_id)
@@ -172,7 +165,7 @@ def _claim(batch: list[StepGroup]) -> list[StepGroup]:
         # or to tell (_take_stall_of's first test, read once for the batch).
         watched = step is not None and not step.merged
         for group in batch:
-            if take(group, None) is not None:
+            if claim(group):
                 if watched:
                     _take_stall_of(group, watch, state)  # type: ignore[arg-type]  # watched: watch, state not None
                 claimed.append(group)
@@ -180,7 +173,7 @@ def _claim(batch: list[StepGroup]) -> list[StepGroup]:
             # The watchdog reads the last io event delivered (under this
             # lock): the batch's last step, whose end is the latest.
             last = claimed[-1]
-            stall = last.stall
+            stall = cast("Stall | None", last.stall)
             state.delivered(last.ident, last.t_first if stall is None else min(last.t_first, stall.start), last.t_end)
     finally:
         _release(lock)
@@ -202,7 +195,7 @@ def take_stall(group: StepGroup) -> None:
         return
     state = state_of(watch)
     _take_stall_of(group, watch, state)
-    stall = group.stall
+    stall = cast("Stall | None", group.stall)
     state.delivered(group.ident, group.t_first if stall is None else min(group.t_first, stall.start), group.t_end)
 
 
@@ -217,15 +210,16 @@ def _take_stall_of(group: StepGroup, watch: LoopWatch, state: LoopState) -> None
     # threshold: a step after another is decided on its looks alone, and
     # an event delivered meanwhile ran on into the stall, 40 to 120 ms).
     step = state.step
-    if step is not None and not step.merged and group.stall is None:
+    stall = cast("Stall | None", group.stall)
+    if step is not None and not step.merged and stall is None:
         if step.ident is group.ident:
             if step.stalled:
                 step.merged = True
-                group.stall = _timing.stall_of(step, step.start(), group.t_end, watch)
+                stall = group.stall = _timing.stall_of(step, step.start(), group.t_end, watch)
         elif step.t_last > group.t_first:
             group.t_end = max(group.t_first, min(group.t_end, step.known_since()))
-    if group.stall is not None:
-        group.stall.release()  # the io event knows its task: keep no frame, task or context alive
+    if stall is not None:
+        stall.release()  # the io event knows its task: keep no frame, task or context alive
 
 
 def attach_to_io(watch: LoopWatch, stall: Stall) -> bool:
@@ -408,11 +402,8 @@ atexit.register(drain)
 def _after_fork_in_child() -> None:
     # The parent's pending steps are the parent's to deliver: a child that
     # delivered them too would report every one of them twice.
-    _hook.unclaimed.clear()
+    _hook.forget_steps_after_fork()
     _on_loops.clear()
-    state = _hook.current_state()
-    state.pending = state.pending_loop = None
-    state.group = None
     _worker.reinit_after_fork()
 
 

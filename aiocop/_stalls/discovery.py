@@ -506,7 +506,7 @@ def _scan_one(thread_id: int, frame: FrameType) -> None:
             # The loop's own method, running on this thread: its locals are the loop's.
             loop = next((v for v in f.f_locals.values() if _known_loop_type(type(v))), None)
             if loop is not None and not _registered(loop):
-                _loops.register(loop, None, thread_id).discovered = True
+                _loops.register(loop, None, thread_id, discovered=True)
             return
         f = f.f_back
     loop = running_loop_held_by(frame)
@@ -557,8 +557,7 @@ def _register(
         owner = getattr(loop, "_thread_id", None)  # asyncio's (uvloop keeps its own out of reach)
         if type(owner) is int and owner not in (0, thread_id):
             return None
-    watch = _loops.register(loop, None if _python_loop(loop) else base, thread_id)
-    watch.discovered = True
+    watch = _loops.register(loop, None if _python_loop(loop) else base, thread_id, discovered=True)
     # The step is timed from the last moment this thread was known not to be in it.
     state = state_of(watch)
     state.idle_t, state.idle_cpu = thread.t, thread.cpu
@@ -602,8 +601,7 @@ def _probe(loop: asyncio.AbstractEventLoop) -> None:
     def found() -> None:
         if threading.get_ident() in _loops.watches or _registered(loop):
             return
-        watch = _loops.register(loop, None if _python_loop(loop) else sys._getframe(1))
-        watch.discovered = True
+        _loops.register(loop, None if _python_loop(loop) else sys._getframe(1), discovered=True)
 
     with contextlib.suppress(RuntimeError):  # closed meanwhile
         loop.call_soon_threadsafe(found, context=contextvars.Context())

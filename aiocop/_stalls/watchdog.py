@@ -207,7 +207,13 @@ class Watchdog:
         self._due = perf_counter()
         # (What that look measures the others' CPU from: the new thread has used none yet.)
         self._proc_cpu, self._proc_ran = process_time(), None
-        thread.start()
+        try:
+            thread.start()
+        except BaseException:
+            # No thread left in the process: the failure is the caller's to report (`start` raises it), and
+            # a thread that never started is not kept, so that stopping, or starting again, does not wait on it.
+            self._thread = None
+            raise
 
     def loop_started(self) -> None:
         """A loop started (any thread): start the thread if it is not running, and have the loop looked at.

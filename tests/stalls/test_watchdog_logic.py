@@ -1986,3 +1986,27 @@ def test_the_others_cpu_leaves_out_the_watchdogs_own(monkeypatch: pytest.MonkeyP
     clocks["process"] += 0.8  # 0.8 s of the process's CPU since, 0.5 s of it the watchdog's own
     clocks["thread"] += 0.5
     assert _watchdog._others_cpu() - before == pytest.approx(0.3)
+
+
+def test_a_watchdog_whose_thread_cannot_start_keeps_no_thread_and_stops_and_starts_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process with no thread left: the start fails, and no thread that never ran is kept, so that
+    stopping does not try to join it (RuntimeError) and a later start makes a new one (attach's undo)."""
+    dog = _watchdog.Watchdog()
+    started: list[str] = []
+
+    def refuse(thread: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(dog, "_unseen_loops_possible", lambda: True)  # (so that start() spawns at once)
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        dog.start()
+    assert not dog.thread_alive and dog._thread is None
+    dog.stop()  # joins nothing
+    monkeypatch.setattr(threading.Thread, "start", lambda thread: started.append(thread.name))
+    dog.start()
+    assert started == ["aiocop-watchdog"] and dog._thread is not None
+    dog._thread = None  # (the stand-in thread never ran: nothing to join)
+    dog.stop()

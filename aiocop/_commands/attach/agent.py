@@ -189,7 +189,7 @@ def _install(
         undo.append(("interception", _api.stop_interception))
         _api.start_blocking_io_detection()
     if started_watchdog:
-        undo.append(("the watchdog", _stop_watchdog))
+        undo.append(("the watchdog", _api.stop_watchdog))
         # A target running interception alone keeps its own threshold.
         threshold = settings["threshold_ms"] if started_interception else None
         # A loop hung when the session starts is reported within the window: the attaching side chose when.
@@ -222,7 +222,7 @@ def _adopt_running_loops() -> None:
             loop, base = found
             with contextlib.suppress(Exception):  # a loop that stopped meanwhile: nothing to adopt
                 if loop.is_running():
-                    _loops.register(loop, base, thread_id).discovered = True
+                    _loops.register(loop, base, thread_id, discovered=True)
 
 
 def _running_loop_on(frame: Any, runner: Any) -> tuple[asyncio.AbstractEventLoop, Any] | None:
@@ -244,13 +244,6 @@ def _running_loop_on(frame: Any, runner: Any) -> tuple[asyncio.AbstractEventLoop
     return None
 
 
-def _stop_watchdog() -> None:
-    # A watchdog whose thread failed to start (no thread left in the process)
-    # holds a thread that cannot be joined: let go of it first.
-    thread = _watchdog.watchdog._thread
-    if thread is not None and thread.ident is None:
-        _watchdog.watchdog._thread = None
-    _api.stop_watchdog()
 
 
 def _undo(undo: list[tuple[str, Callable[[], None]]], saved: tuple[dict[str, Any], dict[str, Any], bool]) -> list[str]:
