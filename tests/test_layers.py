@@ -353,6 +353,12 @@ def _module_aliases(package: str, tree: ast.Module, modules: dict[str, Path]) ->
             for alias in node.names:
                 if f"{source}.{alias.name}" in modules:
                     aliases[alias.asname or alias.name] = f"{source}.{alias.name}"
+    # A module bound to another name by assignment (`hook = _hook`, `m = sys.modules["aiocop._x"]`), anywhere.
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            bound = _module_named(node.value, aliases, modules) or _module_looked_up(node.value, aliases, modules)
+            if bound is not None:
+                aliases[node.targets[0].id] = bound
     return aliases
 
 
@@ -376,8 +382,48 @@ def _module_named(node: ast.expr, aliases: dict[str, str], modules: dict[str, Pa
     return target if target in modules else None
 
 
+def _module_at_base(node: ast.expr, aliases: dict[str, str], modules: dict[str, Path]) -> str | None:
+    """The aiocop module an expression reaches into: the module named at the base of a chain of attributes,
+    subscripts and calls (`alias.x._y`, `alias.f()._y`, `alias.table[k]._y`), or by a look-up of a module
+    (`sys.modules["aiocop._x"]`, `importlib.import_module("aiocop._x")`, `vars(alias)`, `alias.__dict__`)."""
+    while True:
+        named = _module_named(node, aliases, modules) or _module_looked_up(node, aliases, modules)
+        if named is not None:
+            return named
+        if isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        elif isinstance(node, ast.Call):
+            node = node.func
+        else:
+            return None
+
+
+def _module_looked_up(node: ast.expr, aliases: dict[str, str], modules: dict[str, Path]) -> str | None:
+    """The module a run-time look-up names: `sys.modules["m"]`, `importlib.import_module("m")`,
+    `vars(alias)`, `alias.__dict__`."""
+    if (
+        isinstance(node, ast.Subscript)
+        and ast.unparse(node.value) == "sys.modules"
+        and isinstance(node.slice, ast.Constant)
+        and node.slice.value in modules
+    ):
+        return str(node.slice.value)
+    if isinstance(node, ast.Call) and node.args:
+        called = ast.unparse(node.func)
+        first = node.args[0]
+        if called in {"importlib.import_module", "import_module", "__import__"}:
+            return first.value if isinstance(first, ast.Constant) and first.value in modules else None
+        if called == "vars":
+            return _module_named(first, aliases, modules)
+    if isinstance(node, ast.Attribute) and node.attr == "__dict__":
+        return _module_named(node.value, aliases, modules)
+    return None
+
+
 def _private_names_of_other_parts() -> list[str]:
     """Every use of a private name (`_x`) of a module of another part: `alias._x`, or `from module import _x`.
+
+    Also `alias.obj._x`, `alias.f()._x`: a private name of what another part's module holds is as private.
 
     `alias` is a name bound by an import of an aiocop module anywhere in the module (`from aiocop._reporting
     import delivery as _delivery`, `import aiocop._api as api`), or the module's dotted name itself
@@ -403,7 +449,7 @@ def _private_names_of_other_parts() -> list[str]:
                     ):
                         found.append((where, node.lineno, f"imports {alias.name}, private to {source}"))
             elif isinstance(node, ast.Attribute) and _is_private(node.attr):
-                target = _module_named(node.value, aliases, modules)
+                target = _module_at_base(node.value, aliases, modules)
                 if target is not None and part_of.get(target) != here:
                     found.append(
                         (where, node.lineno, f"uses {ast.unparse(node.value)}.{node.attr}, private to {target}")
@@ -420,39 +466,67 @@ ASSIGNABLE_MODULES: dict[str, str] = {
         "the process's switches (started, ever_started, active, task_records_made): plain data that _api and "
         "the attach agent set as the user starts, pauses and stops detection, and every layer reads"
     ),
+    "aiocop._stalls.settings": (
+        "the watchdog's settings (`sampling`, a dataclass of plain values): _api fills it from the arguments "
+        "of start_cpu_sampling and detect_slow_tasks, `run` sets its default for idle looks"
+    ),
 }
 
 
+# The calls that set an attribute of their first argument, and the methods that change a container in place.
+_SETTERS = {"setattr", "delattr", "object.__setattr__", "object.__delattr__", "type.__setattr__"}
+_MUTATORS = {
+    "append", "appendleft", "clear", "discard", "extend", "insert", "pop", "popitem", "popleft", "remove",
+    "setdefault", "update", "add",
+}  # fmt: skip
+
+
+def _settings_of_modules(
+    tree: ast.Module, aliases: dict[str, str], modules: dict[str, Path]
+) -> list[tuple[int, str, str]]:
+    """Every attribute of an aiocop module set or deleted in `tree`, and every container it holds changed in
+    place, as (line, what, the module): `alias.x = ...`, `alias.x += ...`, `del alias.x`, `setattr(alias,
+    ...)`, `object.__setattr__(alias, ...)`, `alias.Class.x = ...`, `alias.f().x = ...`, `vars(alias)[k] =
+    ...`, `alias.__dict__[k] = ...`, `sys.modules["m"].x = ...`, `importlib.import_module("m").x = ...`,
+    `alias.table.clear()`; `alias` also a name a module was assigned to (`m = alias`). What the source
+    does not say (a setter bound to another name, a module passed in as an argument) is not seen."""
+    found: list[tuple[int, str, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            owner, what = node.value, f"sets {ast.unparse(node)}"
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in _SETTERS and node.args:
+            owner, what = node.args[0], f"calls {ast.unparse(node.func)} on {ast.unparse(node.args[0])}"
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _MUTATORS
+            and isinstance(node.func.value, ast.Attribute)
+        ):
+            owner, what = node.func.value, f"calls {ast.unparse(node.func)}"
+        else:
+            continue
+        target = _module_at_base(owner, aliases, modules)
+        if target is not None:
+            found.append((node.lineno, what, target))
+    return found
+
+
 def _assignments_to_other_parts() -> tuple[list[str], set[str]]:
-    """Every attribute of a module of another part set or deleted (`alias.x = ...`, `alias.x += ...`,
-    `del alias.x`, `setattr(alias, ...)`), and the modules of ASSIGNABLE_MODULES found set."""
+    """Every attribute of a module of another part set from outside it (_settings_of_modules), and the
+    modules of ASSIGNABLE_MODULES found set."""
     modules = _modules()
     part_of = _part_of()
     found: list[tuple[Path, int, str]] = []
     allowed_seen: set[str] = set()
     for module, path, tree, package in _parsed():
         here = part_of.get(module)
-        where = path.relative_to(ROOT)
-        aliases = _module_aliases(package, tree, modules)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
-                owner, what = node.value, f"sets {ast.unparse(node)}"
-            elif (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Name)
-                and node.func.id in {"setattr", "delattr"}
-                and node.args
-            ):
-                owner, what = node.args[0], f"calls {node.func.id} on {ast.unparse(node.args[0])}"
-            else:
-                continue
-            target = _module_named(owner, aliases, modules)
-            if target is None or part_of.get(target) == here:
+        for line, what, target in _settings_of_modules(tree, _module_aliases(package, tree, modules), modules):
+            if part_of.get(target) == here:
                 continue
             if target in ASSIGNABLE_MODULES:
                 allowed_seen.add(target)
                 continue
-            found.append((where, node.lineno, f"{what}, an attribute of {target}"))
+            found.append((path.relative_to(ROOT), line, f"{what}, an attribute of {target}"))
     return [f"{where}:{line}: {what}" for where, line, what in sorted(found)], allowed_seen
 
 
@@ -510,3 +584,90 @@ def test_the_architecture_page_shows_every_field_of_the_sink() -> None:
     page = ARCHITECTURE_PAGE.read_text(encoding="utf-8")
     shown = re.findall(r"^\| `(\w+)` \| the (?:hook|loops'|watchdog)", page, re.MULTILINE)
     assert shown == _sink_fields(), f"the page's sink table shows {shown}; the sink's fields are {_sink_fields()}"
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """The names a module defines at its top (functions, classes, assignments, imports)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).partition(".")[0] for a in node.names)
+    return names
+
+
+def test_the_architecture_page_names_only_what_the_code_has() -> None:
+    """Every file the page names exists, and every `module.name` of the flows and tables (`delivery.flush`,
+    `hook.end_batch`, `sink.deliver`) is a name that module defines (a sink's: a field of the seam's records):
+    the page follows the code as it is renamed."""
+    page = ARCHITECTURE_PAGE.read_text(encoding="utf-8")
+    missing = [path for path in re.findall(r"aiocop/[\w/]+\.py", page) if not (ROOT / path).exists()]
+    by_basename: dict[str, list[Path]] = defaultdict(list)
+    for path in _modules().values():
+        if path.name != "__init__.py":
+            by_basename[path.stem].append(path)
+    unknown = []
+    for module, name in sorted(set(re.findall(r"\b([a-z_]+)\.([A-Za-z_]\w*)\b", page))):
+        if name == "py" or module not in by_basename:
+            continue
+        if module == "sink":
+            known = set(_sink_fields())
+        else:  # (a name some modules share, `state`, `events`: any of them)
+            known = set().union(*(_top_level_names(path) for path in by_basename[module]))
+        if name not in known:
+            unknown.append(f"{module}.{name}")
+    assert not missing and not unknown, (
+        f"the architecture page names files {missing} and names {unknown} the code does not have"
+    )
+
+
+# Each way of setting another module's attribute the check must see, written as a module of aiocop._reporting
+# would (the review of issue 40 got ten of these past the first version of the check).
+_WAYS_OF_SETTING = """
+import importlib
+import sys
+from aiocop._interception import hook as _h
+from aiocop._interception import loops
+from aiocop._stalls import watchdog as _watchdog
+
+def probe(name, value):
+    _h.a = value  # set
+    _h.b += 1  # set
+    del _h.c  # set
+    setattr(_h, name, value)  # set
+    object.__setattr__(_h, name, value)  # set
+    vars(_h)["d"] = value  # set
+    _h.__dict__["e"] = value  # set
+    sys.modules["aiocop._interception.hook"].f = value  # set
+    importlib.import_module("aiocop._interception.hook").g = value  # set
+    alias = _h
+    alias.h = value  # set
+    loops.LoopWatch.i = value  # set
+    loops.register(None, None).j = value  # set
+    _h.unclaimed.clear()  # set
+    _h.unclaimed[name] = value  # set
+    return _watchdog.watchdog._thread, _h.current_state()._x
+"""
+
+
+def test_the_checks_see_every_way_of_setting_or_reaching_into_another_module() -> None:
+    tree = ast.parse(_WAYS_OF_SETTING)
+    modules = _modules()
+    aliases = _module_aliases("aiocop._reporting", tree, modules)
+    found = _settings_of_modules(tree, aliases, modules)
+    setting_lines = [n for n, line in enumerate(_WAYS_OF_SETTING.splitlines(), 1) if line.endswith("# set")]
+    assert sorted({line for line, _, _ in found}) == setting_lines, found
+    assert {target for _, _, target in found} == {"aiocop._interception.hook", "aiocop._interception.loops"}
+    private = [
+        ast.unparse(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and _is_private(node.attr)
+        and _module_at_base(node.value, aliases, modules) is not None
+    ]
+    assert sorted(private) == ["_h.current_state()._x", "_watchdog.watchdog._thread"]
