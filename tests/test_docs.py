@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -130,3 +131,108 @@ def test_the_docs_theme_fetches_no_web_fonts() -> None:
     fonts = "".join(base.blocks["fonts"](base.new_context({"config": config})))
     assert "fonts.googleapis.com" not in fonts and "fonts.gstatic.com" not in fonts, fonts
     assert not [path for path in config.extra_css if "://" in path]
+
+
+# --- CONTRIBUTING.md's table of where each module's tests are (issue 40) ----------------------------
+
+
+def _own_test_files(module: Path) -> list[Path]:
+    """Where a module's own test file would be: the rule stated in CONTRIBUTING.md's "Where the tests are"."""
+    parts = module.relative_to(ROOT).parts
+    name = f"test_{module.stem.lstrip('_')}.py"
+    if len(parts) > 2 and parts[1].startswith("_"):  # aiocop/_<part>/[<sub>/]<module>.py
+        return [ROOT / "tests" / parts[1][1:] / Path(*parts[2:-1]) / name]
+    folders = Path(*parts[1:-1])  # aiocop/[_]<module>.py, aiocop/{core,types}/<module>.py
+    return [ROOT / "tests" / "api" / folders / name, ROOT / "tests" / "integrations" / folders / name]
+
+
+def _public_names(module: Path) -> set[str]:
+    """The names a module defines at its top level (functions, classes, assignments), less the private ones."""
+    names: set[str] = set()
+    for node in ast.parse(module.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return {name for name in names if not name.startswith("_")}
+
+
+def _tests_module(test_file: Path, module: Path) -> bool:
+    """Whether a test file imports the module (in any form), names it dotted, or uses one of its public
+    names through an import from aiocop (`aiocop.configure(...)`, `from aiocop import configure`)."""
+    dotted = ".".join(module.relative_to(ROOT).with_suffix("").parts)
+    package, _, leaf = dotted.rpartition(".")
+    source = test_file.read_text(encoding="utf-8")
+    if re.search(re.escape(dotted) + r"(?!\w)", source):
+        return True
+    tree = ast.parse(source)
+    bound: dict[str, str] = {}  # a local name bound by an import from aiocop -> the name it imported
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == dotted or alias.name.startswith(dotted + "."):
+                    return True
+                if alias.name.partition(".")[0] == "aiocop":
+                    bound[alias.asname or "aiocop"] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.partition(".")[0] == "aiocop":
+            for alias in node.names:
+                if node.module == dotted or (node.module == package and alias.name == leaf):
+                    return True
+                bound[alias.asname or alias.name] = alias.name
+    public = _public_names(module)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and bound.get(node.id) in public and isinstance(node.ctx, ast.Load):
+            return True
+        if isinstance(node, ast.Attribute) and node.attr in public:
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in bound:
+                return True
+    return False
+
+
+def _tests_index() -> dict[str, list[str]]:
+    """CONTRIBUTING.md's table: module -> the test files its row names."""
+    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    begin, end = "<!-- tests index: begin (tests/test_docs.py) -->", "<!-- tests index: end -->"
+    assert begin in text and end in text, "CONTRIBUTING.md lost the markers around its table of tests"
+    rows: dict[str, list[str]] = {}
+    for line in text.split(begin)[1].split(end)[0].splitlines():
+        cells = line.strip().strip("|").split("|")
+        if len(cells) != 2 or not cells[0].strip().startswith("`aiocop/"):
+            continue
+        module = cells[0].strip().strip("`")
+        assert module not in rows, f"CONTRIBUTING.md: {module} has two rows"
+        rows[module] = re.findall(r"`(tests/[\w/]+\.py)`", cells[1])
+    return rows
+
+
+def test_every_module_without_a_test_file_of_its_name_has_a_row_naming_the_files_that_test_it() -> None:
+    # A newcomer finds a module's tests by its name, or by its row in CONTRIBUTING.md's table (issue 40).
+    rows = _tests_index()
+    modules = {
+        p.relative_to(ROOT).as_posix(): p for p in sorted((ROOT / "aiocop").rglob("*.py")) if p.name != "__init__.py"
+    }
+    problems = []
+    for name, module in modules.items():
+        if not any(f.is_file() for f in _own_test_files(module)) and name not in rows:
+            problems.append(f"{name}: no test file of its name and no row in the table")
+    for name, files in rows.items():
+        if name not in modules:
+            problems.append(f"{name}: a row for a module that does not exist")
+            continue
+        own = [f for f in _own_test_files(modules[name]) if f.is_file()]
+        if own:
+            problems.append(f"{name}: has its own {own[0].relative_to(ROOT)} now, so its row must go")
+        if not files:
+            problems.append(f"{name}: its row names no test file")
+        for file in files:
+            if not (ROOT / file).is_file():
+                problems.append(f"{name}: {file} does not exist")
+            elif not _tests_module(ROOT / file, modules[name]):
+                problems.append(
+                    f"{name}: {file} neither imports it, names it nor uses any of its public names through aiocop"
+                )
+    assert not problems, "CONTRIBUTING.md, 'Where the tests are':\n  " + "\n  ".join(problems)

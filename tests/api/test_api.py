@@ -148,6 +148,7 @@ def test_deactivate_pauses_and_activate_resumes(detector: Collector, loop_name: 
 
 def test_stop_restores_every_patched_function() -> None:
     originals = {name: getattr(os, name) for name in ("stat", "lstat", "read", "write", "getcwd")}
+    # threading.Lock's methods are set on its C type and restored there (aiocop._interception.typepatch).
     lock_acquire = threading.Lock.acquire if isinstance(threading.Lock, type) else type(threading.Lock()).acquire
     recv = socket.socket.recv
     aiocop.start_blocking_io_detection()

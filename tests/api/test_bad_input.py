@@ -1,4 +1,4 @@
-"""Bad input: every public function rejects a bad argument at once, naming it.
+"""Bad input: every public function rejects a bad argument at once, naming it (`aiocop._common.validate`).
 
 One table, public function x bad value: each row says which exception the
 call must raise and which argument its message must name. A bad call must

@@ -493,7 +493,7 @@ def test_logging_with_its_handler_lock_held_by_another_thread(
     assert sink.records  # and everything was logged once the lock was free
 
 
-# --- fork --------------------------------------------------------------------------------------
+# --- fork (the locks of aiocop._common.forksafe) ---------------------------------------------------
 
 FORK_SCRIPT = """
     import asyncio, json, os, sys, threading, warnings

@@ -1,4 +1,4 @@
-"""`python -m aiocop run`: the real CLI, in a subprocess (its usage errors in this process)."""
+"""`python -m aiocop run` (`aiocop.__main__`): the real CLI, in a subprocess (its usage errors in this process)."""
 
 from __future__ import annotations
 
@@ -352,6 +352,7 @@ def test_usage_errors(args: tuple[str, ...], message: str, capsys: pytest.Captur
 
 
 def test_version() -> None:
+    # The version aiocop._version holds, the one the package says.
     import aiocop
 
     result = aiocop_run("--version")

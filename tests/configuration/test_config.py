@@ -517,6 +517,7 @@ def _refusal(path: Path, reason: str) -> str:
     )
 
 
+# Files aiocop did not write are read as untrusted input (aiocop._common.inputs).
 def test_a_file_of_another_user_is_refused_found_or_named_unless_trusted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_env: None
 ) -> None:

@@ -222,6 +222,7 @@ def test_the_probe_measures_a_healthy_loop_and_leaves_it_when_it_stops(
             loop.close()
 
 
+# The attribute sets of aiocop._reporting.sites: one per application line, up to the cap, then `other`.
 def test_call_sites_are_capped_per_process(
     instrumented: tuple[Metrics, dict[str, Any]], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -2,7 +2,11 @@
 
 Each inner run starts a fresh interpreter, so the plugin's session-wide
 detection never touches this process's aiocop. Runs are grouped: one inner
-run checks many tests, each with its own expected outcome.
+run checks many tests, each with its own expected outcome. The plugin's
+helpers are tested here: its options, ini keys and markers
+(`aiocop._pytest_support.settings`), which events fail which test
+(`aiocop._pytest_support.events`) and the test's line behind a `TestClient`
+(`aiocop._pytest_support.portal`).
 """
 
 from __future__ import annotations

@@ -165,7 +165,7 @@ def test_a_kept_wrapper_detects_nothing_after_stop_and_again_after_a_new_start(m
         class Kept:
             stat = os.stat
             send = socket.socket.send
-            acquire = type(threading.Lock()).acquire
+            acquire = type(threading.Lock()).acquire  # set on the C type (aiocop._interception.typepatch)
 
         aiocop.stop()
         monkeypatch.setattr(_wrappers, "_audit_hook", lambda event, args: seen.append(event))
@@ -409,7 +409,7 @@ def test_reloading_a_patched_module_keeps_detection_and_prints_nothing(module: s
     # importlib.reload() runs the module's code again (os.stat the builtin
     # again, threading.Event a new class): aiocop wraps them again at once,
     # os.stat stays the object it was, and nothing is printed, then or at exit
-    # (reloading threading used to end aiocop's threads with a KeyError).
+    # (reloading threading used to end aiocop's threads with a KeyError; aiocop._interception.reload).
     result = run_python(
         """
         import asyncio, importlib, os, queue, socket, sys, threading

@@ -127,6 +127,7 @@ CPU_STALLS = [
 ]
 
 
+# The culprit: what the stalled loop was doing, named from its stack (aiocop._stalls.culprit).
 @pytest.mark.parametrize(("func", "culprit"), CPU_STALLS)
 def test_cpu_stall_reported_at_its_line_with_its_duration(
     watchdog: Collector, loop_name: str, func: Callable[[float], None], culprit: str

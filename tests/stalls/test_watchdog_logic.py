@@ -662,7 +662,7 @@ def test_hang_reports_at_hang_after_then_doubling(rec: Recorded, frames: Frames)
 
 def stopped_look(looks: Looks, due: float, now: float, frame: FrameType, kept: tuple[float, int] | None) -> bool:
     # A look due at `due` that came at `now`; `kept`: what the watchdog's thread was told of its own
-    # scheduling meanwhile (_sched: seconds it ran or waited for a CPU, times it was given one).
+    # scheduling meanwhile (aiocop._stalls.sched: seconds it ran or waited for a CPU, times it was given one).
     dog = looks.dog
     dog._due, dog._kept, dog._kept_read, dog._pause_read = due, kept, True, False
     try:
