@@ -12,6 +12,7 @@ import pytest
 
 from tests.support import scripts
 from tests.support.docs_hooks import load, renderer
+from tests.support.source import top_level_names
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -148,14 +149,7 @@ def _own_test_files(module: Path) -> list[Path]:
 
 def _public_names(module: Path) -> set[str]:
     """The names a module defines at its top level (functions, classes, assignments), less the private ones."""
-    names: set[str] = set()
-    for node in ast.parse(module.read_text(encoding="utf-8")).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-    return {name for name in names if not name.startswith("_")}
+    return {name for name in top_level_names(module) if not name.startswith("_")}
 
 
 def _tests_module(test_file: Path, module: Path) -> bool:

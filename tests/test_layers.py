@@ -15,6 +15,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from tests.support.source import top_level_names
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "aiocop"
 ARCHITECTURE_PAGE = ROOT / "docs" / "concepts" / "architecture.md"
@@ -586,21 +588,6 @@ def test_the_architecture_page_shows_every_field_of_the_sink() -> None:
     assert shown == _sink_fields(), f"the page's sink table shows {shown}; the sink's fields are {_sink_fields()}"
 
 
-def _top_level_names(path: Path) -> set[str]:
-    """The names a module defines at its top (functions, classes, assignments, imports)."""
-    names: set[str] = set()
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((a.asname or a.name).partition(".")[0] for a in node.names)
-    return names
-
-
 def test_the_architecture_page_names_only_what_the_code_has() -> None:
     """Every file the page names exists, and every `module.name` of the flows and tables (`delivery.flush`,
     `hook.end_batch`, `sink.deliver`) is a name that module defines (a sink's: a field of the seam's records):
@@ -618,7 +605,7 @@ def test_the_architecture_page_names_only_what_the_code_has() -> None:
         if module == "sink":
             known = set(_sink_fields())
         else:  # (a name some modules share, `state`, `events`: any of them)
-            known = set().union(*(_top_level_names(path) for path in by_basename[module]))
+            known = set().union(*(top_level_names(path, imports=True) for path in by_basename[module]))
         if name not in known:
             unknown.append(f"{module}.{name}")
     assert not missing and not unknown, (
