@@ -63,6 +63,10 @@ class KnownLoop:
     announces: bool = True
 
 
+# trio's run loop: the module of its dispatch frame (below), which also keeps the run's per-thread namespace
+# (`trio_runs`). Written here only (tests/interception/test_internals.py checks).
+TRIO_RUN_MODULE = "trio._core._run"
+
 KNOWN_LOOPS: tuple[KnownLoop, ...] = (
     KnownLoop(
         "asyncio",
@@ -79,7 +83,7 @@ KNOWN_LOOPS: tuple[KnownLoop, ...] = (
     KnownLoop("granian"),
     # trio's run loop (not asyncio: its runs are found by trio_runs): a task's step is
     # `task.context.run(coro.send, ...)` in here, so the task's outermost frame is just inside.
-    KnownLoop("trio", frames=(LoopFrame("trio._core._run", "unrolled_run", "dispatch"),)),
+    KnownLoop("trio", frames=(LoopFrame(TRIO_RUN_MODULE, "unrolled_run", "dispatch"),)),
     KnownLoop("leviathan", internal=False, announces=False),
 )
 

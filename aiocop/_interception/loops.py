@@ -29,6 +29,7 @@ from aiocop._common import forksafe as _forksafe
 from aiocop._common.clock import perf_counter
 from aiocop._interception import trio_runs as _trio_runs
 from aiocop._interception.internals import PYTHON_LOOP_PACKAGES, UNANNOUNCED_LOOP_PACKAGES
+from aiocop._interception.trio_runs import TRIO_PACKAGE_PREFIX
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -401,7 +402,7 @@ def _trio_starts(caller: FrameType) -> None:
         if f is None:
             break
         name = f.f_globals.get("__name__")
-        runner = f.f_locals.get("runner") if type(name) is str and name.startswith("trio.") else None
+        runner = f.f_locals.get("runner") if type(name) is str and name.startswith(TRIO_PACKAGE_PREFIX) else None
         if runner is not None:
             _trio_running(_trio_runs.run_of(runner), starting=True)
             return

@@ -34,6 +34,8 @@ import sys
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
+from aiocop._interception.internals import TRIO_RUN_MODULE
+
 if TYPE_CHECKING:
     from collections.abc import Callable
     from contextvars import Context
@@ -42,9 +44,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("aiocop")
 
-# Where trio keeps its per-thread run namespace, and the package prefix of the code that starts and
-# ends a run (it sets the asyncgen hooks as it does, which the hook sees).
-TRIO_RUN_MODULE = "trio._core._run"
+# Where trio keeps its per-thread run namespace (internals.TRIO_RUN_MODULE, its run loop's module), and the
+# package prefix of the code that starts and ends a run (it sets the asyncgen hooks as it does, which the hook sees).
 TRIO_RUN_CONTEXT = "GLOBAL_RUN_CONTEXT"
 TRIO_PACKAGE_PREFIX = "trio."
 

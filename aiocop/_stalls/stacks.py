@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from aiocop._interception import frames as _frames
 from aiocop._interception.frames import Kind
+from aiocop._interception.internals import TRIO_RUN_MODULE  # trio's dispatch frame runs its own work too (below)
 from aiocop._model import state as _state
 from aiocop._stalls.settings import sampling
 from aiocop._stalls.state import state_of
@@ -65,7 +66,7 @@ def step_of(frame: FrameType, watch: LoopWatch, now: float) -> tuple[object, Fra
                     # step's end, the entry queue's run of the watchdog's
                     # callbacks): a step of the application's has a frame of
                     # its own above trio's, and is aiocop's if the outermost is.
-                    if module == _TRIO_DISPATCH and (
+                    if module == TRIO_RUN_MODULE and (
                         outer is None or outer.f_globals.get("__name__") in _OWN_STEP_MODULES
                     ):
                         return None
@@ -122,10 +123,6 @@ def in_tick(root: FrameType) -> bool:
 # look that landed in one looked every 4 ms for half a second after, one idle
 # spell in twenty with the test suite running beside it (ticks take longer then).
 _PROBE_MODULE = "aiocop._stalls.probe"
-
-
-# trio's run loop, whose dispatch frame (LOOP_FRAMES) runs trio's own work besides the tasks' steps.
-_TRIO_DISPATCH = "trio._core._run"
 
 _OWN_STEP_MODULES = frozenset(
     {

@@ -63,3 +63,17 @@ def test_no_loop_is_named_outside_the_table() -> None:
             if isinstance(node, ast.Constant) and node.value in names and id(node) not in skip:
                 found.append(f"{path.relative_to(_PACKAGE)}:{node.lineno}: {node.value!r}")
     assert not found, found
+
+
+def test_trios_run_module_is_named_once() -> None:
+    # trio's run loop module is one fact (its dispatch frame, the home of its run namespace): written once, as
+    # internals.TRIO_RUN_MODULE, and imported wherever it is needed (issue 40).
+    found = []
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value == "trio._core._run":
+                found.append(f"{path.relative_to(_PACKAGE).as_posix()}:{node.lineno}")
+    assert len(found) == 1, found
+    assert found[0].startswith("_interception/internals.py:"), found
+    assert internals.TRIO_RUN_MODULE == "trio._core._run"
