@@ -71,3 +71,16 @@ def elapsed(start: float, end: float) -> float:
 
 
 del _real
+
+
+def thread_cpu_clock(thread_id: int) -> int | None:
+    """The CPU clock of the thread `thread_id` (for `time.clock_gettime`), readable from any thread; None if none.
+
+    A loop thread's own CPU clock, read by the watchdog: it tells a CPU-bound
+    stall from a wait, and when a CPU-bound stall began. None where the
+    platform has no per-thread CPU clock, or the thread has gone.
+    """
+    try:
+        return _time.pthread_getcpuclockid(thread_id)
+    except (AttributeError, OSError):  # not on this platform
+        return None

@@ -46,6 +46,12 @@ _STDLIB_NAMES: frozenset[str] = frozenset(getattr(sys, "stdlib_module_names", ()
 _THIRD_PARTY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 _LOOP_TOP_LEVEL = frozenset(LOOP_PACKAGES)
 
+# How far up a thread's stack a walk looking for a step (its edge, its task's frame, its loop's
+# dispatch) goes before giving up: the audit hook's from a blocking call (`hook`), the watchdog's
+# from a sample (`_stalls.stacks`) and its discovery of loops (`_stalls.discovery`), so that all
+# see the same steps.
+MAX_WALK = 256
+
 # module name -> Kind; and, for the few loop modules that bound steps,
 # function name -> role. Bounded: templating engines and exec() make modules
 # without end, and a cache that grew with each would be a leak; when full it

@@ -40,7 +40,7 @@ from aiocop._interception import harmless as _harmless
 from aiocop._interception import loops as _loops
 from aiocop._interception import rules as _rules
 from aiocop._interception import wrappers as _wrappers
-from aiocop._interception.frames import Kind
+from aiocop._interception.frames import MAX_WALK, Kind
 from aiocop._interception.internals import IMPORT_EVENTS
 from aiocop._interception.trio_runs import TRIO_PACKAGE_PREFIX, TrioRun, TrioTask, run_namespace, run_of
 from aiocop._model import callbacks as _callbacks
@@ -54,8 +54,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("aiocop")
 
-# How far up a stack the walk goes when it finds no edge of the step.
-_MAX_WALK = 256
 _WRAPPERS_MODULE = "aiocop._interception.wrappers"
 # Handle._run's module: a new frame for every callback and task step, the step's identity.
 _ASYNCIO_DISPATCH = "asyncio.events"
@@ -548,7 +546,7 @@ def _capture(  # noqa: PLR0912, PLR0915 - one function on purpose: calls cost mo
             frames = [frame]
             kinds = [kind]
         outer = frame
-        if frame is root or len(frames) >= _MAX_WALK:
+        if frame is root or len(frames) >= MAX_WALK:
             break
         frame = frame.f_back
     if not frames:

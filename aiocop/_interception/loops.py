@@ -26,7 +26,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiocop._common import forksafe as _forksafe
-from aiocop._common.clock import perf_counter
+from aiocop._common.clock import perf_counter, thread_cpu_clock
 from aiocop._interception import trio_runs as _trio_runs
 from aiocop._interception.internals import PYTHON_LOOP_PACKAGES, UNANNOUNCED_LOOP_PACKAGES
 from aiocop._interception.trio_runs import TRIO_PACKAGE_PREFIX
@@ -119,7 +119,7 @@ class LoopWatch:
             address = object.__repr__(loop).rpartition(" at ")[2].rstrip(">")
             self.loop_name = f"{cls.__module__}.{cls.__qualname__}@{address}"
         self.base_frame = base_frame
-        self.cpu_clock = _cpu_clock(self.thread_id)
+        self.cpu_clock = thread_cpu_clock(self.thread_id)
         # Found by the watchdog, not told by the loop's start: its stop is not
         # told either, and is noticed when the watchdog sees it not running.
         self.discovered = False
@@ -138,15 +138,6 @@ class LoopWatch:
             return time.clock_gettime(self.cpu_clock)
         except OSError:  # the thread has gone
             return None
-
-
-def _cpu_clock(thread_id: int) -> int | None:
-    # The loop thread's own CPU clock, readable from the watchdog: it tells
-    # a CPU-bound stall from a wait, and when a CPU-bound stall began.
-    try:
-        return time.pthread_getcpuclockid(thread_id)
-    except (AttributeError, OSError):  # not on this platform
-        return None
 
 
 # thread id -> the loop running on it. Written by loop threads (start/stop),
@@ -478,5 +469,5 @@ def reinit_after_fork() -> None:
     retired.clear()
     for watch in watches.values():
         watch.thread_id = ident
-        watch.cpu_clock = _cpu_clock(ident)
+        watch.cpu_clock = thread_cpu_clock(ident)
         watch.watchdog.after_fork()

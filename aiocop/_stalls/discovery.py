@@ -51,9 +51,10 @@ import weakref
 from types import CoroutineType, GeneratorType
 from typing import TYPE_CHECKING, Any
 
-from aiocop._common.clock import perf_counter
+from aiocop._common.clock import perf_counter, thread_cpu_clock
 from aiocop._interception import frames as _frames
 from aiocop._interception import loops as _loops
+from aiocop._interception.frames import MAX_WALK
 from aiocop._interception.internals import KNOWN_LOOP_PACKAGES, PYTHON_LOOP_PACKAGES
 from aiocop._stalls.state import state_of
 
@@ -69,7 +70,6 @@ logger = logging.getLogger("aiocop")
 # (fixed values; inspect is not imported for them).
 _CO_STEP = 0x20 | 0x80 | 0x100 | 0x200
 _CO_OPTIMIZED = 0x1  # a function's frame: its locals are fast locals, not a dict
-_MAX_WALK = 256
 # Frames below a step's outermost one that may hold its loop: the caller of
 # run_until_complete, asyncio.Runner.run (its `_loop`), a loop class's own
 # run_forever written in Python.
@@ -200,7 +200,7 @@ def _task_frame_here(loop: object, frame: FrameType) -> FrameType | None:
     target = _task_frame(task)
     f: FrameType | None = frame
     walked = 0
-    while f is not None and walked < _MAX_WALK:
+    while f is not None and walked < MAX_WALK:
         if f is target:
             return f
         walked += 1
@@ -261,20 +261,13 @@ class _Thread:
     __slots__ = ("clock", "cpu", "no_loop", "scan_cpu", "scanned", "t")
 
     def __init__(self, thread_id: int, now: float) -> None:
-        self.clock = _cpu_clock(thread_id)
+        self.clock = thread_cpu_clock(thread_id)
         self.cpu: float | None = None  # its CPU clock when its stack was last walked (None: never)
         self.t = now  # the last moment it was known not to be in a step of an unknown loop
         # The step last found (outermost frame, its code, the frame below) with no loop proven to run it.
         self.no_loop: tuple[int, CodeType, int] | None = None
         self.scan_cpu: float | None = None  # its CPU clock at the last scan (None: not read yet)
         self.scanned: float | None = None  # its CPU clock when the scan last looked for an idle loop on it
-
-
-def _cpu_clock(thread_id: int) -> int | None:
-    try:
-        return time.pthread_getcpuclockid(thread_id)
-    except (AttributeError, OSError):  # not on this platform
-        return None
 
 
 def _read(clock: int | None) -> float | None:
@@ -426,7 +419,7 @@ class Finder:
         if steps:
             f: FrameType | None = frame
             walked = 0
-            while f is not None and walked < _MAX_WALK:
+            while f is not None and walked < MAX_WALK:
                 loop = steps.get(f)
                 if loop is not None:
                     return _register(loop, f.f_back, thread_id, thread, by_task=True)
@@ -498,7 +491,7 @@ def _held_nearby(base: FrameType, frame: FrameType, thread_id: int, thread: _Thr
 def _scan_one(thread_id: int, frame: FrameType) -> None:
     f: FrameType | None = frame
     depth = 0
-    while f is not None and depth < _MAX_WALK:
+    while f is not None and depth < MAX_WALK:
         depth += 1
         name = f.f_globals.get("__name__")
         roles = _frames.LOOP_ROLES.get(name) if type(name) is str else None
@@ -525,7 +518,7 @@ def _step_edge(frame: FrameType) -> tuple[FrameType, FrameType] | None:
     f: FrameType | None = frame
     outer: FrameType | None = None
     walked = 0
-    while f is not None and walked < _MAX_WALK:
+    while f is not None and walked < MAX_WALK:
         walked += 1
         if f.f_code.co_flags & _CO_STEP:
             outer = f

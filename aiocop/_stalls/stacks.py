@@ -16,7 +16,7 @@ import dis
 from typing import TYPE_CHECKING
 
 from aiocop._interception import frames as _frames
-from aiocop._interception.frames import Kind
+from aiocop._interception.frames import MAX_WALK, Kind
 from aiocop._interception.internals import TRIO_RUN_MODULE  # trio's dispatch frame runs its own work too (below)
 from aiocop._model import state as _state
 from aiocop._stalls.settings import sampling
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 
     from aiocop._interception.loops import LoopWatch
     from aiocop._stalls.timing import Step
-
-MAX_WALK = 256
 
 
 def step_of(frame: FrameType, watch: LoopWatch, now: float) -> tuple[object, FrameType, FrameType] | None:

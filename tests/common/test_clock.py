@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING
 from unittest import mock
@@ -138,3 +139,15 @@ def test_a_stall_under_freeze_time_is_timed_by_the_watchdog_for_real(detector: C
 def test_elapsed_is_never_negative() -> None:
     assert _clock.elapsed(2.0, 1.0) == 0.0
     assert _clock.elapsed(1.0, 2.5) == 1.5
+
+
+def test_thread_cpu_clock_reads_a_threads_cpu_time_or_says_none() -> None:
+    # One function for the loops' and the discovered threads' CPU clocks (issue 40).
+    clock = _clock.thread_cpu_clock(threading.get_ident())
+    if not hasattr(time, "pthread_getcpuclockid"):
+        assert clock is None
+        return
+    assert clock is not None
+    assert time.clock_gettime(clock) >= 0.0
+    with mock.patch.object(time, "pthread_getcpuclockid", side_effect=OSError):
+        assert _clock.thread_cpu_clock(threading.get_ident()) is None

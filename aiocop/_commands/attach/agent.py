@@ -199,7 +199,9 @@ def _install(
     return _state.config.threshold_ms, not (started_interception and started_watchdog)
 
 
-_MAX_WALK = 400
+# How far up a thread's stack `_running_loop_on` looks for the loop's own frame (`_run_once`, a Runner):
+# outside the step, so further than a walk for the step's edge goes (frames.MAX_WALK).
+_LOOP_SEARCH_DEPTH = 400
 
 
 def _adopt_running_loops() -> None:
@@ -227,7 +229,7 @@ def _adopt_running_loops() -> None:
 
 def _running_loop_on(frame: Any, runner: Any) -> tuple[asyncio.AbstractEventLoop, Any] | None:
     f, depth = frame, 0
-    while f is not None and depth < _MAX_WALK:
+    while f is not None and depth < _LOOP_SEARCH_DEPTH:
         depth += 1
         module, name = f.f_globals.get("__name__"), f.f_code.co_name
         with contextlib.suppress(Exception):  # another thread's frame, changing under us
