@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("aiocop")
 
-_WRAPPERS_MODULE = "aiocop._interception.wrappers"
+_WRAPPERS_MODULE = _wrappers.__name__
 # Handle._run's module: a new frame for every callback and task step, the step's identity.
 _ASYNCIO_DISPATCH = "asyncio.events"
 _WRAPPERS_GLOBALS = vars(_wrappers)  # the f_globals of every wrapper's frame

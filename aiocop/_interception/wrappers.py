@@ -119,7 +119,7 @@ PATCH_TARGETS: tuple[PatchTarget, ...] = (
     # The import statement's event is raised by the C import; importlib's own path raises none.
     PatchTarget("importlib", "import_module", "importlib.import_module", "import_module"),
     PatchTarget("select", "select", "select.select", "select"),
-    PatchTarget("aiocop._interception.wrappers:PollType", "poll", "select.poll", "poll", label="select.poll().poll"),
+    PatchTarget(f"{__name__}:PollType", "poll", "select.poll", "poll", label="select.poll().poll"),
     PatchTarget(
         "_thread:LockType", "acquire", "threading.Lock.acquire", "lock_acquire", label="threading.Lock.acquire"
     ),

@@ -29,6 +29,7 @@ from aiocop._common.clock import perf_counter
 from aiocop._interception import frames as _frames
 from aiocop._interception import hook as _hook
 from aiocop._interception import loops as _loops
+from aiocop._interception import wrappers as _wrappers
 from aiocop._interception.frames import Kind
 from aiocop._model import callbacks as _callbacks
 from aiocop._model import state as _state
@@ -123,12 +124,14 @@ def _stack(innermost: FrameType, root: FrameType) -> Stack:
 
 # Lock types as users know them (`threading.Lock()` makes a `_thread.lock`).
 _KNOWN_AS = {"_thread.lock": "threading.Lock", "_thread.RLock": "threading.RLock"}
+# The wrappers' module: a frame of it is a wrapper, waiting in the call it wraps.
+_WRAPPERS_MODULE = _wrappers.__name__
 
 
 def _wrapped_call(innermost: FrameType) -> str:
     # A loop stuck inside one of aiocop's wrappers (a `with lock:`, whose
     # line shows no call to name) waits in the call that wrapper wraps.
-    if innermost.f_globals.get("__name__") != "aiocop._interception.wrappers":
+    if innermost.f_globals.get("__name__") != _WRAPPERS_MODULE:
         return ""
     try:
         local = innermost.f_locals
@@ -164,6 +167,10 @@ _RLOCK_TYPES: tuple[type, ...] = tuple(
 )
 
 
+# Modules whose frames wait on a lock or a thread and hold it as `self`: the wrappers', threading's.
+_WAITING_MODULES = (_WRAPPERS_MODULE, "threading")
+
+
 def _blocker(innermost: FrameType) -> tuple[str, str]:
     """Who holds what the innermost frames wait on, and that thread's stack; `("", "")` if not known.
 
@@ -177,7 +184,7 @@ def _blocker(innermost: FrameType) -> tuple[str, str]:
         if f is None:
             break
         module = f.f_globals.get("__name__")
-        if module in ("aiocop._interception.wrappers", "threading"):
+        if module in _WAITING_MODULES:
             try:
                 held = f.f_locals.get("self")
             except Exception:  # a frame's locals, read from another thread: never let it break a report
