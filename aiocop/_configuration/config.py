@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from aiocop._common.escape import printable
 from aiocop._common.inputs import InputError, UntrustedError, read_file, shown
 from aiocop._common.validate import did_you_mean
+from aiocop._model.severity import LEVELS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from aiocop._interception.allow import AllowRule
 
 ENV_VAR = "AIOCOP_CONFIG"
-LEVELS = ("low", "medium", "high")
 # A stall threshold above an hour is a mistake (and would overflow the watchdog's timeouts).
 MAX_THRESHOLD_MS = 3_600_000.0
 # A step still running after a day is reported by then: a longer wait is a mistake (hang_after_ms).
@@ -251,7 +251,7 @@ def _trace_depth(where: str, value: object, _root: str) -> int:
 def _level(where: str, value: object, _root: str) -> str:
     if value not in LEVELS:
         hint = did_you_mean(value, LEVELS) if isinstance(value, str) else ""
-        raise ConfigError(f"{where}: expected one of low, medium, high, got {shown(value)}{hint}")
+        raise ConfigError(f"{where}: expected one of {', '.join(LEVELS)}, got {shown(value)}{hint}")
     return str(value)
 
 

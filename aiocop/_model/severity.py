@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Literal
+from typing import Literal, get_args
 
 IoSeverityLevel = Literal["low", "medium", "high"]
 """A step's severity level, from its score (`get_severity_level_from_score`)."""
+LEVELS: tuple[IoSeverityLevel, ...] = get_args(IoSeverityLevel)
+"""The severity levels (`IoSeverityLevel`), lowest first."""
 
 WEIGHT_HEAVY = 50
 """Network, DNS, subprocesses, sleeps and waits: one is enough for "high"."""
@@ -24,7 +26,7 @@ THRESHOLD_MEDIUM = 10
 THRESHOLD_LOW = 1
 """The smallest score of a "low" step with any weighted call (below it: trivial calls only)."""
 
-_LEVEL_RANK: dict[str, int] = {"low": 0, "medium": 1, "high": 2}
+_LEVEL_RANK: dict[str, int] = {level: rank for rank, level in enumerate(LEVELS)}
 
 
 def calculate_io_severity_score(blocking_events: Iterable[Mapping[str, object]] | None) -> int:
@@ -93,7 +95,7 @@ def _check_score(score: object) -> None:
 def level_threshold(level: str) -> int:
     """The smallest score that reaches `level`; raises `ValueError` for unknown levels."""
     if level not in _LEVEL_RANK:
-        raise ValueError(f"severity level must be one of 'low', 'medium', 'high', not {level!r}")
+        raise ValueError(f"severity level must be one of {', '.join(map(repr, LEVELS))}, not {level!r}")
     return {"low": 0, "medium": THRESHOLD_MEDIUM, "high": THRESHOLD_HIGH}[level]
 
 

@@ -17,7 +17,6 @@ from aiocop._configuration.baseline import BaselineError
 from aiocop._configuration.baseline import read as read_baseline
 from aiocop._configuration.config import (
     ALLOW_KEYS,
-    LEVELS,
     MAX_HANG_AFTER_MS,
     MAX_THRESHOLD_MS,
     ConfigError,
@@ -26,6 +25,7 @@ from aiocop._configuration.config import (
     parse_allow_line,
     read_config,
 )
+from aiocop._model.severity import LEVELS
 from aiocop._pytest_support import timeouts as _timeouts
 
 if TYPE_CHECKING:
@@ -42,7 +42,6 @@ DEFAULTS: dict[str, Any] = {
 __all__ = [
     "ALLOW_KEYS",
     "DEFAULTS",
-    "LEVELS",
     "Settings",
     "add_options",
     "enabled",
@@ -245,7 +244,7 @@ def read(config: pytest.Config) -> Settings:
     ).strip()
     if fail_on not in LEVELS:
         raise pytest.UsageError(
-            f"{_source(config, 'aiocop_fail_on', '--aiocop-fail-on')}: expected one of low, medium, high, "
+            f"{_source(config, 'aiocop_fail_on', '--aiocop-fail-on')}: expected one of {', '.join(LEVELS)}, "
             f"got {fail_on!r}"
         )
     threshold = _number(

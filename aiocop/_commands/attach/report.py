@@ -19,11 +19,11 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from aiocop._common.escape import printable
+from aiocop._model.severity import LEVELS  # SlowTaskEvent.impact's values
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-LEVELS = ("low", "medium", "high")  # SlowTaskEvent.impact's values
 MAX_STATUS_BYTES = 64 << 10
 MAX_REPORT_BYTES = 16 << 20
 MAX_CALL_SITES = 100_000
