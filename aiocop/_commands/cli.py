@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import aiocop
 from aiocop._commands import exits as _exits
+from aiocop._commands.exits import EXIT_ERROR, EXIT_FAIL_ON, EXIT_USAGE
 from aiocop._common.escape import printable
 from aiocop._common.inputs import open_for_writing
 from aiocop._configuration import baseline as _baseline
@@ -30,7 +31,7 @@ from aiocop._configuration.config import MAX_HANG_AFTER_MS, MAX_THRESHOLD_MS, Co
 from aiocop._interception.frames import set_app_paths
 from aiocop._model import state as _state
 from aiocop._model.events import is_hang_report
-from aiocop._model.severity import level_rank
+from aiocop._model.severity import LEVELS, level_rank
 from aiocop._reporting import hangs as _hangs
 from aiocop._reporting import report_files as _report_files
 from aiocop._reporting.report import Summary, describe, describe_hang
@@ -45,10 +46,6 @@ if TYPE_CHECKING:
     from aiocop._reporting.timeline import Timeline
 
 PROG = "python -m aiocop"
-EXIT_ERROR = 1  # what the run was asked to write could not be written
-EXIT_USAGE = 2
-EXIT_FAIL_ON = 3
-LEVELS = ("low", "medium", "high")
 
 # aiocop's own options of `run` that take a value: everything up to the
 # program (a script path, or `-m module`) is aiocop's, the rest the program's.

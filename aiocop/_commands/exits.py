@@ -1,4 +1,9 @@
-"""`run`'s end by a signal: SIGTERM (a container stop) and SIGHUP (a closed terminal) still write the report.
+"""How a command ends: the exit statuses of `run` and `attach`, and `run`'s end by a signal.
+
+The statuses, one table for both commands: `EXIT_ERROR`, `EXIT_USAGE`,
+`EXIT_FAIL_ON`, and attach's `EXIT_NOT_RUN` and `EXIT_INTERRUPTED`.
+
+`run`'s end by a signal: SIGTERM (a container stop) and SIGHUP (a closed terminal) still write the report.
 
 The program runs in this very process, on the main thread, so a handler it
 installs (`signal.signal`, or asyncio's `loop.add_signal_handler`, as
@@ -29,6 +34,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+EXIT_ERROR = 1  # what the command was asked to write could not be written (attach: the attach failed)
+EXIT_USAGE = 2  # a usage error (argparse's own status)
+EXIT_FAIL_ON = 3  # a call site reached the --fail-on impact
+# attach: the target's main thread ran none of aiocop's code within the start timeout:
+# blocked in a call (the message says which, as the OS sees it), or idle.
+EXIT_NOT_RUN = 4
+EXIT_INTERRUPTED = 130  # attach: interrupted (Ctrl-C)
 
 # Signals whose default action ends the process and that a run is ended by from outside.
 SIGNALS: tuple[signal.Signals, ...] = tuple(

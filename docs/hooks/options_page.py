@@ -20,6 +20,7 @@ import aiocop.asgi
 import aiocop.structlog
 from aiocop import pytest_plugin
 from aiocop._commands import cli as _cli
+from aiocop._commands import exits as _exits
 from aiocop._configuration import config as _config
 from aiocop._pytest_support import settings as _pytest_settings
 
@@ -337,16 +338,16 @@ def _cli_section() -> list[str]:
         "`python -m aiocop --version` prints aiocop's version.",
         "",
         "Exit status: the program's own when it fails; "
-        f"`{_cli.EXIT_FAIL_ON}` when it succeeded but a call site reached the `--fail-on` severity; "
-        f"`{_cli.EXIT_USAGE}` for a usage error; `0` otherwise.",
+        f"`{_exits.EXIT_FAIL_ON}` when it succeeded but a call site reached the `--fail-on` severity; "
+        f"`{_exits.EXIT_USAGE}` for a usage error; `0` otherwise.",
         "",
     ]
     lines += _parser_table("attach", _cli.attach_parser(), "attach.md")
     lines += [
         "",
-        f"Exit status: `{_cli.EXIT_FAIL_ON}` when a call site reached the `--fail-on` severity; "
-        f"`{_cli.EXIT_USAGE}` for a usage error or a Python older than 3.14; `1` when the attach failed (the "
-        "message says why); `130` when interrupted; `0` otherwise.",
+        f"Exit status: `{_exits.EXIT_FAIL_ON}` when a call site reached the `--fail-on` severity; "
+        f"`{_exits.EXIT_USAGE}` for a usage error or a Python older than 3.14; `{_exits.EXIT_ERROR}` when the attach "
+        f"failed (the message says why); `{_exits.EXIT_INTERRUPTED}` when interrupted; `0` otherwise.",
         "",
     ]
     return lines

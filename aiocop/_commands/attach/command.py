@@ -24,18 +24,11 @@ from aiocop._commands.attach import proc as _attach_proc
 from aiocop._commands.attach import report as _attach_report
 from aiocop._commands.attach.files import AttachError, Exchange, Pin, agent_sources, temporary_folder
 from aiocop._commands.attach.report import BadReportError
+from aiocop._commands.exits import EXIT_ERROR, EXIT_FAIL_ON, EXIT_INTERRUPTED, EXIT_NOT_RUN, EXIT_USAGE
 from aiocop._common.escape import printable
 from aiocop._model.severity import level_rank
 from aiocop._reporting import report_files as _report_files
 from aiocop._reporting.report import Summary
-
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_FAIL_ON = 3
-# The target's main thread ran none of aiocop's code within the start timeout:
-# blocked in a call (the message says which, as the OS sees it), or idle.
-EXIT_NOT_RUN = 4
-EXIT_INTERRUPTED = 130
 
 # How long the target may take to run the bootstrap: it runs at the main
 # thread's next safe point, which an idle server reaches at its next request
