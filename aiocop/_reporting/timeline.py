@@ -28,10 +28,10 @@ if TYPE_CHECKING:
     from aiocop._model.events import SlowTaskEvent
     from aiocop._reporting.report import Summary
 
-# Steps kept for the timeline and traces (each holds its calls' frames): a
-# long run past this keeps its first steps, and counts the rest (the table
-# still has them all).
-MAX_STEPS = 5000
+# Steps a run keeps for the timeline and traces (each holds its calls'
+# frames): a long run past this keeps its first steps, and counts the rest
+# (the table still has them all).
+STEPS_KEPT = 5000
 _CALLS = "calls"
 
 # What a step's reason is drawn as; a reason not listed here (a newer aiocop's)
@@ -42,7 +42,7 @@ CAUSES = {"io_blocking": "blocking call", "cpu_blocking": "stall", "hang": "hang
 class Timeline:
     """A slow-task callback: feeds `summary`, and keeps each step with its end time (thread-safe)."""
 
-    def __init__(self, summary: Summary, limit: int = MAX_STEPS) -> None:
+    def __init__(self, summary: Summary, limit: int = STEPS_KEPT) -> None:
         self.summary = summary
         self.limit = limit
         self.origin = perf_counter()  # the run's start, on the clock steps are timed with

@@ -123,7 +123,7 @@ def _session(settings: dict[str, Any]) -> dict[str, Any]:
     if settings.get("pictures"):  # --html and friends: each step kept with its time, as `run` keeps them
         from aiocop._reporting.timeline import Timeline  # noqa: PLC0415 - only for an attach that asked
 
-        collector = timeline = Timeline(summary, MAX_STEPS)
+        collector = timeline = Timeline(summary, STEPS_SENT)
     error: str | None = None
     report: dict[str, Any] | None = None
     try:
@@ -324,7 +324,7 @@ def _forget(settings: dict[str, Any], *, can_forget: bool) -> bool:
 
 # Steps kept for --html (each with its frames), and the most the report may
 # take (the attaching side refuses one above 16 MiB): steps beyond either are counted, not sent.
-MAX_STEPS = 2000
+STEPS_SENT = 2000
 _MAX_TIMELINE_BYTES = 12 << 20
 _MAX_HANG_FRAMES = 100
 # What the attaching side accepts of a context (keys, and characters of each value) and of a source line.

@@ -37,7 +37,7 @@ MAX_HANGS_SHOWN = 20  # printed (a process runs a few loops; more is a target fi
 # whole record stays in --json; this bounds what a target can print.
 MAX_HANG_FRAMES_SHOWN = 100
 MAX_SHOWN_CHARS = 300  # of one string of a hang (a path, a line of source, a trace)
-MAX_STEPS = 5_000  # steps for --html (the agent sends 2000 at most)
+MAX_TIMELINE_STEPS = 5_000  # steps accepted for --html (the agent sends agent.STEPS_SENT at most)
 MAX_ITEMS = 10_000  # calls or samples in one step
 MAX_FRAMES = 1_000  # frames in one stack
 MAX_CONTEXT_KEYS = 100
@@ -311,7 +311,7 @@ def _timeline(document: object, rows: int) -> dict[str, Any]:
     """The steps of the HTML report's model (`_timeline.build`), each field checked: the renderers trust them."""
     fields = _Fields(document, "report.json.timeline")
     return {
-        "steps": fields.list("steps", MAX_STEPS, lambda step, where: _step(step, where, rows)),
+        "steps": fields.list("steps", MAX_TIMELINE_STEPS, lambda step, where: _step(step, where, rows)),
         "steps_dropped": fields.count("steps_dropped"),
         "duration_ms": fields.ms("duration_ms"),
     }
