@@ -18,7 +18,6 @@ from aiocop._interception.rules import live_weights
 from aiocop._interception.scope import ContextVarScope
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
     from types import FrameType
 
 
@@ -91,13 +90,6 @@ class AllowRule:
     @property
     def has_frame_condition(self) -> bool:
         return self.module is not None or self.path is not None or self.call_site is not None
-
-    def matches(self, event: str, frames: Sequence[FrameType]) -> bool:
-        if self.events and event not in self.events:
-            return False
-        if not self.has_frame_condition:
-            return True
-        return any(self.matches_frame(frame) for frame in frames)
 
 
 EMPTY_RULE = (
