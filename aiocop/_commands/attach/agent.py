@@ -246,8 +246,6 @@ def _running_loop_on(frame: Any, runner: Any) -> tuple[asyncio.AbstractEventLoop
     return None
 
 
-
-
 def _undo(undo: list[tuple[str, Callable[[], None]]], saved: tuple[dict[str, Any], dict[str, Any], bool]) -> list[str]:
     """Undo the steps, last first, each whatever the others do; the steps that failed, said.
 
