@@ -364,6 +364,21 @@ def _module_aliases(package: str, tree: ast.Module, modules: dict[str, Path]) ->
     return aliases
 
 
+def _imported_objects(package: str, tree: ast.Module, modules: dict[str, Path]) -> dict[str, str]:
+    """The names bound anywhere in `tree` to what an aiocop module holds, not a module itself (`from
+    aiocop._stalls.settings import sampling`): name -> the module it came from. What such a name holds is
+    that module's as much as `module.name` is."""
+    held: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            source = _imported_from(package, node)
+            if source in modules:
+                for alias in node.names:
+                    if f"{source}.{alias.name}" not in modules:
+                        held[alias.asname or alias.name] = source
+    return held
+
+
 def _parsed() -> list[tuple[str, Path, ast.Module, str]]:
     """Each module of aiocop: its name, its path, its tree and its package (for relative imports)."""
     return [
@@ -384,14 +399,19 @@ def _module_named(node: ast.expr, aliases: dict[str, str], modules: dict[str, Pa
     return target if target in modules else None
 
 
-def _module_at_base(node: ast.expr, aliases: dict[str, str], modules: dict[str, Path]) -> str | None:
+def _module_at_base(
+    node: ast.expr, aliases: dict[str, str], modules: dict[str, Path], held: dict[str, str] | None = None
+) -> str | None:
     """The aiocop module an expression reaches into: the module named at the base of a chain of attributes,
-    subscripts and calls (`alias.x._y`, `alias.f()._y`, `alias.table[k]._y`), or by a look-up of a module
-    (`sys.modules["aiocop._x"]`, `importlib.import_module("aiocop._x")`, `vars(alias)`, `alias.__dict__`)."""
+    subscripts and calls (`alias.x._y`, `alias.f()._y`, `alias.table[k]._y`), by a look-up of a module
+    (`sys.modules["aiocop._x"]`, `importlib.import_module("aiocop._x")`, `vars(alias)`, `alias.__dict__`),
+    or by a name imported from it (`held`: `from module import table; table._y`)."""
     while True:
         named = _module_named(node, aliases, modules) or _module_looked_up(node, aliases, modules)
         if named is not None:
             return named
+        if held and isinstance(node, ast.Name) and node.id in held:
+            return held[node.id]
         if isinstance(node, (ast.Attribute, ast.Subscript)):
             node = node.value
         elif isinstance(node, ast.Call):
@@ -439,6 +459,7 @@ def _private_names_of_other_parts() -> list[str]:
         here = part_of.get(module)
         where = path.relative_to(ROOT)
         aliases = _module_aliases(package, tree, modules)
+        held = _imported_objects(package, tree, modules)
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 source = _imported_from(package, node)
@@ -451,7 +472,7 @@ def _private_names_of_other_parts() -> list[str]:
                     ):
                         found.append((where, node.lineno, f"imports {alias.name}, private to {source}"))
             elif isinstance(node, ast.Attribute) and _is_private(node.attr):
-                target = _module_at_base(node.value, aliases, modules)
+                target = _module_at_base(node.value, aliases, modules, held)
                 if target is not None and part_of.get(target) != here:
                     found.append(
                         (where, node.lineno, f"uses {ast.unparse(node.value)}.{node.attr}, private to {target}")
@@ -465,12 +486,13 @@ def _private_names_of_other_parts() -> list[str]:
 # (strike it here) or another module's attribute is set from another part.
 ASSIGNABLE_MODULES: dict[str, str] = {
     "aiocop._model.state": (
-        "the process's switches (started, ever_started, active, task_records_made): plain data that _api and "
-        "the attach agent set as the user starts, pauses and stops detection, and every layer reads"
+        "the process's switches (started, ever_started, active, task_records_made) and the user's configuration "
+        "(config: threshold, hang_after_ms, raise_min_score): plain data that _api, `run` and the attach agent "
+        "set as the user starts, configures, pauses and stops detection, and every layer reads"
     ),
     "aiocop._stalls.settings": (
         "the watchdog's settings (`sampling`, a dataclass of plain values): _api fills it from the arguments "
-        "of start_cpu_sampling and detect_slow_tasks, `run` sets its default for idle looks"
+        "of start_cpu_sampling and detect_slow_tasks, `run` and the pytest plugin set its default for idle looks"
     ),
 }
 
@@ -479,12 +501,13 @@ ASSIGNABLE_MODULES: dict[str, str] = {
 _SETTERS = {"setattr", "delattr", "object.__setattr__", "object.__delattr__", "type.__setattr__"}
 _MUTATORS = {
     "append", "appendleft", "clear", "discard", "extend", "insert", "pop", "popitem", "popleft", "remove",
-    "setdefault", "update", "add",
+    "setdefault", "update", "add", "sort", "reverse", "difference_update", "intersection_update",
+    "symmetric_difference_update", "__setitem__", "__delitem__",
 }  # fmt: skip
 
 
 def _settings_of_modules(
-    tree: ast.Module, aliases: dict[str, str], modules: dict[str, Path]
+    tree: ast.Module, aliases: dict[str, str], modules: dict[str, Path], held: dict[str, str]
 ) -> list[tuple[int, str, str]]:
     """Every attribute of an aiocop module set or deleted in `tree`, and every container it holds changed in
     place, as (line, what, the module): `alias.x = ...`, `alias.x += ...`, `del alias.x`, `setattr(alias,
@@ -501,13 +524,16 @@ def _settings_of_modules(
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
-            and node.func.attr in _MUTATORS
-            and isinstance(node.func.value, ast.Attribute)
+            and (
+                node.func.attr in {"__setattr__", "__delattr__"}  # (`module.__setattr__(...)` too)
+                # (`module.pop(...)` is a function of the module's; `module.table.pop(...)` changes its table)
+                or (node.func.attr in _MUTATORS and _module_named(node.func.value, aliases, modules) is None)
+            )
         ):
             owner, what = node.func.value, f"calls {ast.unparse(node.func)}"
         else:
             continue
-        target = _module_at_base(owner, aliases, modules)
+        target = _module_at_base(owner, aliases, modules, held)
         if target is not None:
             found.append((node.lineno, what, target))
     return found
@@ -522,7 +548,8 @@ def _assignments_to_other_parts() -> tuple[list[str], set[str]]:
     allowed_seen: set[str] = set()
     for module, path, tree, package in _parsed():
         here = part_of.get(module)
-        for line, what, target in _settings_of_modules(tree, _module_aliases(package, tree, modules), modules):
+        aliases, held = _module_aliases(package, tree, modules), _imported_objects(package, tree, modules)
+        for line, what, target in _settings_of_modules(tree, aliases, modules, held):
             if part_of.get(target) == here:
                 continue
             if target in ASSIGNABLE_MODULES:
@@ -590,7 +617,7 @@ def test_the_architecture_page_shows_every_field_of_the_sink() -> None:
 
 def test_the_architecture_page_names_only_what_the_code_has() -> None:
     """Every file the page names exists, and every `module.name` of the flows and tables (`delivery.flush`,
-    `hook.end_batch`, `sink.deliver`) is a name that module defines (a sink's: a field of the seam's records):
+    `hook.start_delivery`, `sink.deliver`) is a name that module defines (a sink's: a field of the seam's records):
     the page follows the code as it is renamed."""
     page = ARCHITECTURE_PAGE.read_text(encoding="utf-8")
     missing = [path for path in re.findall(r"aiocop/[\w/]+\.py", page) if not (ROOT / path).exists()]
@@ -620,7 +647,10 @@ import importlib
 import sys
 from aiocop._interception import hook as _h
 from aiocop._interception import loops
+from aiocop._interception.hook import current_state, unclaimed
+from aiocop._interception.loops import register
 from aiocop._stalls import watchdog as _watchdog
+from aiocop._stalls.watchdog import watchdog
 
 def probe(name, value):
     _h.a = value  # set
@@ -638,7 +668,13 @@ def probe(name, value):
     loops.register(None, None).j = value  # set
     _h.unclaimed.clear()  # set
     _h.unclaimed[name] = value  # set
-    return _watchdog.watchdog._thread, _h.current_state()._x
+    vars(_h).update(x=value)  # set
+    _h.__setattr__("k", value)  # set
+    _h.unclaimed.__setitem__(name, value)  # set
+    unclaimed.clear()  # set
+    unclaimed[name] = value  # set
+    register(None, None).m = value  # set
+    return _watchdog.watchdog._thread, _h.current_state()._x, current_state()._y, watchdog._z
 """
 
 
@@ -646,7 +682,8 @@ def test_the_checks_see_every_way_of_setting_or_reaching_into_another_module() -
     tree = ast.parse(_WAYS_OF_SETTING)
     modules = _modules()
     aliases = _module_aliases("aiocop._reporting", tree, modules)
-    found = _settings_of_modules(tree, aliases, modules)
+    held = _imported_objects("aiocop._reporting", tree, modules)
+    found = _settings_of_modules(tree, aliases, modules, held)
     setting_lines = [n for n, line in enumerate(_WAYS_OF_SETTING.splitlines(), 1) if line.endswith("# set")]
     assert sorted({line for line, _, _ in found}) == setting_lines, found
     assert {target for _, _, target in found} == {"aiocop._interception.hook", "aiocop._interception.loops"}
@@ -657,4 +694,17 @@ def test_the_checks_see_every_way_of_setting_or_reaching_into_another_module() -
         and _is_private(node.attr)
         and _module_at_base(node.value, aliases, modules) is not None
     ]
-    assert sorted(private) == ["_h.current_state()._x", "_watchdog.watchdog._thread"]
+    private += [
+        ast.unparse(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and _is_private(node.attr)
+        and _module_at_base(node.value, aliases, modules) is None
+        and _module_at_base(node.value, aliases, modules, held) is not None
+    ]
+    assert sorted(private) == [
+        "_h.current_state()._x",
+        "_watchdog.watchdog._thread",
+        "current_state()._y",
+        "watchdog._z",
+    ]

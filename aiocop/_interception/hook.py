@@ -260,7 +260,7 @@ class ThreadState:
     The hook writes it, with two exceptions, each through this module: `busy` is also set, around their own
     work on a loop's thread, by the parts that run code there (delivery and its callbacks, building an
     event's fields, the watchdog starting its thread), so that the hook does not report aiocop's own calls
-    as the app's; and a delivery lets go of its batch through `end_batch`, of everything after a fork
+    as the app's; and a delivery lets go of its batch through `start_delivery`, of everything after a fork
     through `forget_steps_after_fork`.
     """
 
@@ -324,11 +324,14 @@ class StepGroup:
 
     One is made per step with a blocking call, in `_capture`, which sets
     the fields below directly (an __init__ would cost a second Python call;
-    calling the class, which has none, costs less than `object.__new__`).
-    The fields most steps never change are class-level defaults. Once
-    delivered, the group is what its event's fields are computed from, and
-    drops what it held only to find and run its step (loop, key and task
-    become None, context an empty one).
+    calling the class, which has none, costs less than `object.__new__`);
+    reporting makes one the same way for a stall that no blocking call came
+    with (`building`). The fields most steps never change are class-level
+    defaults. Once the step is over, the group is whoever claimed it's
+    (`take`): delivery, or the worker, sets when it ended and the stall that
+    joins it. Once delivered, the group is what its event's fields are
+    computed from, and drops what it held only to find and run its step
+    (loop, key and task become None, context an empty one).
     """
 
     loop: AbstractEventLoop | TrioRun | None
@@ -788,9 +791,19 @@ def claim(group: StepGroup) -> bool:
     return unclaimed.pop(group, None) is not None
 
 
-def end_batch(batch: list[StepGroup], state: ThreadState, now: float) -> None:
-    """The delivery of `batch` has begun on this thread (`state`'s): the thread's state lets go of it, and a
-    step of it not yet seen to end ends `now`. Run first by the delivery callback the batch scheduled."""
+# The same, as the bound C method of the groups waiting: `take(group, None)` is the group to whoever takes it
+# first, None to the others. For delivery's loop over a batch, where a call of `claim` per group would be a
+# Python call, and a trip into this part and back, each.
+take = unclaimed.pop
+
+
+def start_delivery(batch: list[StepGroup], now: float) -> tuple[ThreadState, bool]:
+    """The delivery of `batch` begins on this thread: the thread's state, marked busy (aiocop's own work from
+    here: nothing is reported), with whether it was busy before (the caller puts that back when done); the
+    state lets go of the batch, and a step of it not yet seen to end ends `now`. One call for the delivery
+    callback the batch scheduled."""
+    state = current_state()
+    was_busy, state.busy = state.busy, True
     if state.pending is batch:
         state.pending = state.pending_loop = None
     if state.group is not None and state.group in batch:
@@ -798,6 +811,7 @@ def end_batch(batch: list[StepGroup], state: ThreadState, now: float) -> None:
     for group in batch:
         if not group.t_end:
             group.t_end = now
+    return state, was_busy
 
 
 def forget_steps_after_fork() -> None:

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from asyncio import AbstractEventLoop
     from collections.abc import Callable
 
-    from aiocop._interception.hook import StepGroup, ThreadState
+    from aiocop._interception.hook import StepGroup
     from aiocop._interception.loops import LoopWatch
     from aiocop._stalls.attribution import Stall
     from aiocop._stalls.state import LoopState
@@ -118,16 +118,16 @@ _LOCAL_REFS = _refs_of_a_local()
 
 def flush(batch: list[StepGroup]) -> None:
     """Run by the loop after the steps of an iteration: they are over, deliver them."""
-    state = _hook.current_state()
-    was_busy, state.busy = state.busy, True  # nothing aiocop does here is the app's blocking
+    # Nothing aiocop does from here is the app's blocking: the thread's state is marked busy, and let go of
+    # the batch, in one call into the hook.
+    state, was_busy = _hook.start_delivery(batch, perf_counter())
     try:
-        _flush(batch, state)
+        _flush(batch)
     finally:
         state.busy = was_busy
 
 
-def _flush(batch: list[StepGroup], state: ThreadState) -> None:
-    _hook.end_batch(batch, state, perf_counter())
+def _flush(batch: list[StepGroup]) -> None:
     claimed = _claim(batch)
     if not claimed:
         return
@@ -144,11 +144,11 @@ def _flush(batch: list[StepGroup], state: ThreadState) -> None:
 
 def _claim(batch: list[StepGroup]) -> list[StepGroup]:
     """The groups of `batch` this delivery takes (`_hook.claim`), with the watchdog's stalls."""
-    claim = _hook.claim
+    take = _hook.take
     watches = _loops.watches
     if not watches:
         # No watchdog: nobody hands stalls over, claiming alone decides.
-        return [group for group in batch if claim(group)]
+        return [group for group in batch if take(group, None) is not None]
     claimed = []
     # A batch is one loop's, run on its thread: one watch for all its groups.
     watch = watches.get(batch[0].thread_id)
@@ -165,7 +165,7 @@ def _claim(batch: list[StepGroup]) -> list[StepGroup]:
         # or to tell (_take_stall_of's first test, read once for the batch).
         watched = step is not None and not step.merged
         for group in batch:
-            if claim(group):
+            if take(group, None) is not None:
                 if watched:
                     _take_stall_of(group, watch, state)  # type: ignore[arg-type]  # watched: watch, state not None
                 claimed.append(group)
