@@ -8,6 +8,14 @@ reported stall with the call's own wall-clock length and its line with the
 calling line. Issue 37 asks for 20 of 20 of each, quiet and with both cores
 busy (two `yes > /dev/null` beside it).
 
+The call is only part of its step, and its length only a lower bound of the
+step's: the step resumes after a sleep, times the call and returns; the
+watchdog's look, let in as the call returns, can keep the GIL past the call's
+end (its reads let go of it and take it back), and on a busy machine the
+thread can be preempted outside the call. The step is timed too, from the
+coroutine's resumption to its return (the loop's own work around it, a few
+microseconds, is not), and the reported length is compared with both.
+
     python benchmarks/gil_stall_accuracy.py --loop uvloop --rounds 20 [--idle-looks precise]
 """
 
@@ -99,6 +107,26 @@ def size(target: float) -> dict[str, Any]:
     return calls
 
 
+def _row(kind: str, rows: list[tuple[float, float, float | None]], at_line: int, named: int) -> str:
+    # One call's line: `rows` are the rounds' (call, step, reported) lengths in ms (reported None: missed).
+    seen = [(call, step, r) for call, step, r in rows if r is not None]
+    text = f"  {kind:8s} recall {len(seen)}/{len(rows)}, at its line {at_line}/{len(rows)}"
+    text += f", its task named {named}/{len(rows)}"
+    text += f", true {statistics.median(call for call, _, _ in rows):.0f} ms"
+    text += f" (its step longer by {statistics.median(step - call for call, step, _ in rows):.2f} ms,"
+    text += f" at most {max(step - call for call, step, _ in rows):.2f})"
+    # Issue 37's bar: the duration within 10 % or 5 ms of the call's own, and
+    # of the whole step's, which the call's only bounds from below.
+    for name, index in (("call", 0), ("step", 1)):
+        if not seen:
+            break
+        errors = [100.0 * (row[2] - row[index]) / row[index] for row in seen]
+        close = sum(abs(row[2] - row[index]) <= max(0.1 * row[index], 5.0) for row in seen)
+        text += f"\n    against its {name}: error median {statistics.median(errors):+.1f} %,"
+        text += f" worst {max(errors, key=abs):+.1f} %, within 10 % or 5 ms {close}/{len(rows)}"
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--loop", default="asyncio", choices=["asyncio", "uvloop", "rloop", "veloxloop"])
@@ -117,7 +145,8 @@ def main() -> None:
     aiocop.start_blocking_io_detection()
     aiocop.detect_slow_tasks(threshold_ms=args.threshold_ms, on_slow_task=events.append)
     aiocop.start_cpu_sampling(precise_idle=args.idle_looks == "precise")
-    results: dict[str, list[tuple[float, float | None]]] = {kind: [] for kind in calls}
+    # Per round: the call's length, the step's, and the reported stall's (None: missed), in ms.
+    results: dict[str, list[tuple[float, float, float | None]]] = {kind: [] for kind in calls}
     at_line = dict.fromkeys(calls, 0)
     named = dict.fromkeys(calls, 0)
     # Events that are not a round's stall: a stall or hang of another step
@@ -126,22 +155,24 @@ def main() -> None:
     extra: list[str] = []
     line = _call_line()
 
-    async def one(kind: str) -> float:
+    async def one(kind: str) -> tuple[float, float]:
         await asyncio.sleep(0.1)
-        return timed(calls[kind])
+        resumed = time.perf_counter()
+        call_s = timed(calls[kind])
+        return call_s, time.perf_counter() - resumed
 
     async def run() -> None:
         for _ in range(args.rounds):
             for kind in calls:
                 events.clear()
-                true_s = await asyncio.create_task(one(kind), name=kind)
+                true_s, step_s = await asyncio.create_task(one(kind), name=kind)
                 await asyncio.sleep(0.2)
                 # A stall is the round's if it is a CPU-bound stall of the
                 # round's time (no other step of the program comes near the
                 # threshold); whether it is placed at the call's line and
                 # named after the call's task is counted on its own.
                 stalls = [e for e in events if e.reason == "cpu_blocking" and e.elapsed_ms >= 0.5 * true_s * 1000.0]
-                results[kind].append((true_s * 1000.0, stalls[0].elapsed_ms if stalls else None))
+                results[kind].append((true_s * 1000.0, step_s * 1000.0, stalls[0].elapsed_ms if stalls else None))
                 extra.extend(
                     f"{kind}: {e.reason} {e.elapsed_ms:.0f} ms at {e.call_site}"
                     for e in events
@@ -161,17 +192,7 @@ def main() -> None:
         f" {args.idle_looks} idle looks"
     )
     for kind, rows in results.items():
-        seen = [(t, r) for t, r in rows if r is not None]
-        errors = [100.0 * (r - t) / t for t, r in seen]
-        text = f"  {kind:8s} recall {len(seen)}/{len(rows)}, at its line {at_line[kind]}/{len(rows)}"
-        text += f", its task named {named[kind]}/{len(rows)}"
-        text += f", true {statistics.median(t for t, _ in rows):.0f} ms"
-        if errors:
-            text += f", error median {statistics.median(errors):+.1f} %, worst {max(errors, key=abs):+.1f} %"
-            # Issue 37's bar: the duration within 10 % or 5 ms of the call's own.
-            close = sum(abs(r - t) <= max(0.1 * t, 5.0) for t, r in seen)
-            text += f", within 10 % or 5 ms {close}/{len(rows)}"
-        print(text)
+        print(_row(kind, rows, at_line[kind], named[kind]))
     print(f"  other events (false stalls): {len(extra)}")
     for text in extra:
         print(f"    {text}")
