@@ -214,6 +214,11 @@ class Step:
         """
         return self.t_last if by_other and not self.ended else self.end(now, cpu, sure=sure)
 
+    def ran_through(self, now: float, cpu: float | None) -> bool:
+        """Whether its thread's CPU clock, at the step's pace, fills the whole gap from its last sighting to `now`."""
+        tail = self._tail(now, cpu)
+        return tail is not None and not tail[1]
+
     def _tail(self, now: float, cpu: float | None) -> tuple[float, bool] | None:
         # A CPU-bound step's end by its thread's CPU clock since the last
         # look that saw it, and whether that CPU was its alone: not where the

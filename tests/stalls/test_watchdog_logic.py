@@ -1291,6 +1291,35 @@ def test_gil_held_step_seen_once_holding_again_after_the_late_look_ends_where_it
     assert not stall.waiting
 
 
+@pytest.mark.parametrize(
+    ("cpu_next", "end"),
+    [
+        # 17 ms of CPU in the 26 ms gap: at the hold's half a CPU, 34 ms, through the gap: up to the heartbeat.
+        (1.117, 100.226),
+        # 5 ms of CPU: 10 ms at the hold's pace, an end the clock tells, before the heartbeat.
+        (1.105, 100.214),
+    ],
+    ids=["ran-through-the-gap", "ended-within-it"],
+)
+def test_gil_held_step_seen_once_on_a_c_loop_ends_by_its_heartbeat(rec: Recorded, cpu_next: float, end: float) -> None:
+    """uvloop, half a CPU (a busy machine): the late look sees the held step once and posts a heartbeat;
+    the step holds the GIL again (its call's result freed) and the next look finds the loop idle, the
+    heartbeat answered at 100.226. The thread's share of a CPU is uneven on a busy machine, and where its
+    clock at the hold's pace runs through the whole gap, the step ran up to the heartbeat, which runs as
+    soon as the loop is back (0.1 ms after the step's end, measured), not to the middle of the gap (10-22
+    ms early before)."""
+    base, inner = c_loop_frames()
+    loop = StubLoop(running=True)
+    looks = Looks(watch_of(loop, base))
+    looks.at(100.000, 1.000, base)
+    assert late_look(looks, 100.004, 100.204, 1.100, 0.1005, inner)
+    assert looks.step.held == near(100.004) and len(loop.calls) == 1
+    looks.watch.watchdog.beat_done = 100.226  # (what the posted callback does on the loop's thread)
+    assert not looks.at(100.230, cpu_next, base)
+    [stall] = rec.stalls
+    assert (stall.start, stall.end) == (near(100.004), near(end))
+
+
 def test_gil_held_step_on_a_c_loop_needs_no_heartbeat(rec: Recorded) -> None:
     """uvloop, rloop: a step first seen at a late look is proven stuck by the hold itself (no heartbeat
     could have run meanwhile): one stall, timed as on asyncio."""
