@@ -497,12 +497,17 @@ def tripped_at(watch: LoopWatch, idle_since: float, now: float) -> float:
 _MONOTONIC_TO_PERF = perf_counter() - monotonic()
 
 
-def loop_came_back(watch: LoopWatch) -> bool:
-    # The heartbeat sent while this root frame was running has run: the loop
-    # iterated since, so what runs now is a later step of the same task.
+def loop_came_back(watch: LoopWatch, now: float) -> bool:
+    # The heartbeat sent while this root frame was running has run by the
+    # look's snapshot at `now`: the loop iterated since, so what the snapshot
+    # saw is a later step of the same task. Run after the snapshot, while the
+    # look's reads let go of the GIL, it says nothing of that frame: taken
+    # for a new step, a step held by a C call was cut where the late look
+    # first saw it (sorted, 17-29 % short; pydantic's 27 % on uvloop). It is
+    # kept for the next look.
     state = state_of(watch)
     done = state.beat_done
-    if state.beat_posted and done >= state.beat_posted:
+    if state.beat_posted and state.beat_posted <= done <= now:
         state.beat_posted = 0.0
         return True
     return False

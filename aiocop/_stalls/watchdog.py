@@ -650,7 +650,7 @@ class Watchdog:
             _timing.remember_idle(watch, now, cpu, before)
             return False
         ident, root, innermost = found
-        came_back = step is not None and _timing.loop_came_back(watch)
+        came_back = step is not None and _timing.loop_came_back(watch, now)
         if step is not None and step.ident is ident and not came_back:
             step.t_last = now
             step.cpu_last = cpu

@@ -373,11 +373,22 @@ def test_loop_came_back_once_per_heartbeat(rec: Recorded) -> None:
     """The heartbeat posted in a step has run: the loop iterated. True once, then the heartbeat is spent."""
     watch = watch_of()
     watch.watchdog.beat_posted = 100.01
-    assert not _timing.loop_came_back(watch)
+    assert not _timing.loop_came_back(watch, 100.03)
     watch.watchdog.beat_done = 100.02
-    assert _timing.loop_came_back(watch)
+    assert _timing.loop_came_back(watch, 100.03)
     assert watch.watchdog.beat_posted == 0.0
-    assert not _timing.loop_came_back(watch)
+    assert not _timing.loop_came_back(watch, 100.03)
+
+
+def test_loop_came_back_by_the_looks_snapshot_only(rec: Recorded) -> None:
+    """A heartbeat run after the look's snapshot (while the look's reads let go of the GIL) says nothing
+    of the frame the snapshot saw: no new step at this look, and the heartbeat kept for the next."""
+    watch = watch_of()
+    watch.watchdog.beat_posted = 100.01
+    watch.watchdog.beat_done = 100.0301
+    assert not _timing.loop_came_back(watch, 100.03)
+    assert watch.watchdog.beat_posted == 100.01
+    assert _timing.loop_came_back(watch, 100.04)
 
 
 def test_tripped_at_window(rec: Recorded) -> None:
@@ -827,6 +838,27 @@ def test_c_loop_heartbeat_splits_steps_sharing_a_root(rec: Recorded) -> None:
     second = looks.step
     assert second is not first and (second.t_prev, second.cpu_prev) == (100.052, 1.050)
     assert len(loop.calls) == 2 and looks.watch.watchdog.beat_posted == 100.060
+
+
+def test_c_loop_heartbeat_run_after_a_late_looks_snapshot_leaves_the_held_step_whole(rec: Recorded) -> None:
+    """uvloop: the late look sees the held step once (heartbeat posted); the next look, kept out again
+    (its result freed), sees the same root at 100.300, and its reads let go of the GIL: the loop's thread
+    finishes the step and runs the heartbeat at 100.3003, after the snapshot. Still the same step (taken
+    for a new one, the stall was cut at the first sighting, 100.150: 17-29 % short); it ends at the
+    heartbeat, as the next look finds the loop idle."""
+    base, inner = c_loop_frames()
+    loop = StubLoop(running=True)
+    looks = Looks(watch_of(loop, base))
+    looks.at(100.000, 1.000, base)
+    assert late_look(looks, 100.004, 100.150, 1.1495, 0.1500, inner)
+    first = looks.step
+    assert first.held == near(100.0005) and len(loop.calls) == 1
+    looks.watch.watchdog.beat_done = 100.3003  # (run on the loop's thread during this look's reads)
+    assert late_look(looks, 100.154, 100.300, 1.2995, 0.1500, inner)
+    assert looks.step is first and first.t_last == 100.300
+    assert not looks.at(100.305, 1.2996, base)
+    [stall] = rec.stalls
+    assert (stall.start, stall.end) == (near(100.0005), near(100.3001))
 
 
 def test_hang_report_content(rec: Recorded, frames: Frames, monkeypatch: pytest.MonkeyPatch) -> None:
