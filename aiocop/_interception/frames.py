@@ -52,12 +52,16 @@ _LOOP_TOP_LEVEL = frozenset(LOOP_PACKAGES)
 # see the same steps.
 MAX_WALK = 256
 
-# module name -> Kind; and, for the few loop modules that bound steps,
-# function name -> role. Bounded: templating engines and exec() make modules
-# without end, and a cache that grew with each would be a leak; when full it
-# starts again (a miss costs a few µs, once per module).
+# module name -> its Kind as a plain int; and, for the few loop modules that
+# bound steps, function name -> role. Plain ints, not the enum's members: the
+# hook's walks compare and test each frame's kind, and the interpreter's fast
+# paths for that take exact ints only (an IntEnum member goes through the
+# generic rich comparison and truth test, about 100 instructions each; equal
+# values, so every comparison decides as before). Bounded: templating engines
+# and exec() make modules without end, and a cache that grew with each would
+# be a leak; when full it starts again (a miss costs a few µs, once per module).
 MAX_CACHED_MODULES = 4096
-_module_kinds: dict[object, Kind] = {}
+_module_kinds: dict[object, int] = {}
 LOOP_ROLES: dict[str, dict[str, LoopFrameRole]] = {}
 for _frame in LOOP_FRAMES:
     LOOP_ROLES.setdefault(_frame.module, {})[_frame.function] = _frame.role
@@ -116,8 +120,8 @@ def is_app_file(filename: str) -> bool:
     return not is_library_file(filename)
 
 
-def frame_kind(frame: FrameType) -> Kind:
-    """Classify a frame by its module (cached per module name)."""
+def frame_kind(frame: FrameType) -> int:
+    """Classify a frame by its module (cached per module name): a `Kind`'s value."""
     module_globals = frame.f_globals
     name = module_globals.get("__name__")
     if type(name) is not str:
@@ -127,7 +131,7 @@ def frame_kind(frame: FrameType) -> Kind:
         return Kind.USER
     kind = _module_kinds.get(name)
     if kind is None:
-        kind = _classify(name, module_globals)
+        kind = int(_classify(name, module_globals))
         if len(_module_kinds) >= MAX_CACHED_MODULES:
             _module_kinds.clear()
         _module_kinds[name] = kind
