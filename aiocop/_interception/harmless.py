@@ -325,15 +325,29 @@ HARMLESS: tuple[HarmlessRule, ...] = (
 
 _STDLIB_MODULES: frozenset[str] = frozenset(getattr(sys, "stdlib_module_names", ()))
 
-# event -> caller's module name -> the rules that event and module leave in play.
-in_play: dict[str, dict[object, tuple[HarmlessRule, ...]]] = {}
+# event -> caller's module name -> the rules that event and module leave in
+# play, each with where its walk for `inside_modules` starts (see `_start`).
+InPlay = tuple[tuple[HarmlessRule, int], ...]
+in_play: dict[str, dict[object, InPlay]] = {}
+
+# Where a rule's walk for `inside_modules` starts, decided with the rules in
+# play from the caller's module and kind (the walk's first frame is the
+# caller's, and what it decides there depends on nothing else but its
+# function, for a loop's frame):
+_MET = 0  # nothing to walk: the rule names no inside_modules, or the caller's module is one of them
+_FROM_CALLER = 1  # a loop's frame: whether it bounds a step depends on its function, asked per call
+_FROM_BACK = 2  # the caller's frame settles nothing: the walk starts at the frame below it
 
 
-def rules_in_play(event: str, caller_module: object, caller_kind: int) -> tuple[HarmlessRule, ...]:
-    """The rules whose event and caller-module conditions the call meets (cached).
+def rules_in_play(event: str, caller_module: object, caller_kind: int) -> InPlay:
+    """The rules whose event and caller-module conditions the call meets (cached), each with its walk's start.
 
     A frame's kind is a function of its module name (see `_frames.frame_kind`),
-    so the pair (event, module name) decides these conditions.
+    so the pair (event, module name) decides these conditions, and what the
+    walks for `inside_modules` and `inside_functions` would decide at the
+    caller's frame: a rule whose walk the caller's frame would end without a
+    match (the user's frame, for `inside_modules`; any but the stdlib's, for
+    `inside_functions`) can never match there, and is left out.
     """
     by_module = in_play.get(event)
     if by_module is None:
@@ -343,11 +357,26 @@ def rules_in_play(event: str, caller_module: object, caller_kind: int) -> tuple[
         if len(by_module) >= _frames.MAX_CACHED_MODULES:  # bounded, as _frames' cache
             by_module.clear()
         rules = by_module[caller_module] = tuple(
-            rule
+            (rule, start)
             for rule in HARMLESS
             if (not rule.event or event in rule.event) and _caller_module_matches(rule, caller_module, caller_kind)
+            for start in (_start(rule, caller_module, caller_kind),)
+            if start is not None
         )
     return rules
+
+
+def _start(rule: HarmlessRule, module: object, kind: int) -> int | None:
+    # What `_inside_function` and the walk of `any_matches` decide at the
+    # caller's frame, from its module and kind alone (the caller is never the
+    # edge: the hook's walk stops there before it asks). None: no match.
+    if rule.inside_functions and kind != Kind.STDLIB:
+        return None
+    if not rule.inside_modules or module_in(module, rule.inside_modules, rule.inside_prefixes):
+        return _MET
+    if kind == Kind.USER:
+        return None
+    return _FROM_CALLER if kind == Kind.LOOP else _FROM_BACK
 
 
 def _caller_module_matches(rule: HarmlessRule, module: object, kind: int) -> bool:
@@ -361,8 +390,13 @@ def module_in(module: object, modules: tuple[str, ...], prefixes: tuple[str, ...
     return isinstance(module, str) and (module in modules or module.startswith(prefixes))
 
 
-def any_matches(
-    rules: tuple[HarmlessRule, ...],
+# How far below the caller the walks for `inside_*` look for the user's frame.
+_MAX_BELOW = 64
+_USER, _LOOP = int(Kind.USER), int(Kind.LOOP)
+
+
+def any_matches(  # noqa: PLR0912 - the walk is inlined on purpose: a call costs more than its branches
+    rules: InPlay,
     args: tuple[Any, ...],
     caller: FrameType,
     edge: FrameType | None,
@@ -372,21 +406,58 @@ def any_matches(
 ) -> bool:
     """Whether one of `rules` (from `rules_in_play`) matches the call in full.
 
-    `caller` is the innermost frame outside aiocop; `edge` the frame that
-    entered a loop written in C, if any (the walk for `inside_modules` stops
-    there, as at a Python loop's dispatch frame). `event` and `module`: the
-    event and caller module `rules` came from, whose rule that matches is
-    tried first next time.
+    `caller` is the innermost frame outside aiocop, never `edge`: the frame
+    that entered a loop written in C, if any (the walk for `inside_modules`
+    stops there, as at a Python loop's dispatch frame). `event` and
+    `module`: the event and caller module `rules` came from, whose rule that
+    matches is tried first next time.
     """
     index = 0
-    for rule in rules:
+    for rule, start in rules:
         # The checks of the call itself, most rules have none (one flag says so).
         if rule.checks_call and not _call_matches(rule, args, caller):
             index += 1
             continue
-        if rule.inside_modules and not _went_through(rule, caller, edge):
-            index += 1
-            continue
+        if start:
+            # Whether the call went through one of the rule's inside_modules,
+            # below the user's first frame: a walk from the caller (or, where
+            # the caller's frame settles nothing, from the frame below it; see
+            # _start) that stops at the first frame that settles it. In a
+            # debug-mode loop the frames under a harmless call are mostly
+            # asyncio's, and the rule that names asyncio matches at the first.
+            # A module name decides a match: cached on the rule, bounded as
+            # _frames' caches. Inlined (a call costs more than the walk).
+            hits = rule.inside_hits
+            module_kinds = _frames._module_kinds
+            if start == _FROM_BACK:
+                frame: FrameType | None = caller.f_back
+                left = _MAX_BELOW - 1
+            else:
+                frame = caller
+                left = _MAX_BELOW
+            went = False
+            while left:
+                left -= 1
+                if frame is None or frame is edge:
+                    break
+                name = frame.f_globals.get("__name__")
+                hit = hits.get(name)
+                if hit is None:
+                    if len(hits) >= _frames.MAX_CACHED_MODULES:
+                        hits.clear()
+                    hit = hits[name] = module_in(name, rule.inside_modules, rule.inside_prefixes)
+                if hit:
+                    went = True
+                    break
+                kind = module_kinds.get(name)
+                if kind is None:
+                    kind = _frames.frame_kind(frame)
+                if kind == _USER or (kind == _LOOP and _frames.is_step_edge(frame, name)):
+                    break
+                frame = frame.f_back
+            if not went:
+                index += 1
+                continue
         if rule.inside_functions and not _inside_function(rule, caller, edge):
             index += 1
             continue
@@ -412,7 +483,7 @@ def _call_matches(rule: HarmlessRule, args: tuple[Any, ...], caller: FrameType) 
     return not rule.arg0_failed_import or bool(args and args[0] in failed_imports)
 
 
-def _first(event: str, module: object, rules: tuple[HarmlessRule, ...], index: int) -> None:
+def _first(event: str, module: object, rules: InPlay, index: int) -> None:
     # The rule that matched is tried first next time at this call's event and
     # caller module: which rule matches does not change what is decided, only
     # how many walks up the stack it takes (a rule that fails walks down to
@@ -472,11 +543,6 @@ def _socket_file(args: tuple[Any, ...]) -> bool:
 _lstat = os.lstat
 
 
-# How far below the caller the walks for `inside_*` look for the user's frame.
-_MAX_BELOW = 64
-_USER, _LOOP = int(Kind.USER), int(Kind.LOOP)
-
-
 def _inside_function(rule: HarmlessRule, caller: FrameType, edge: FrameType | None) -> bool:
     # Only frames of the stdlib are looked at, down to the user's first: a
     # callback of the user's (rmtree's onerror) is the user's own call.
@@ -487,39 +553,5 @@ def _inside_function(rule: HarmlessRule, caller: FrameType, edge: FrameType | No
         module = frame.f_globals.get("__name__")
         if f"{module}.{frame.f_code.co_name}" in rule.inside_functions:  # f_code: only stdlib frames
             return True
-        frame = frame.f_back
-    return False
-
-
-def _went_through(rule: HarmlessRule, caller: FrameType, edge: FrameType | None) -> bool:
-    """Whether the call went through one of the rule's `inside_modules`, below the user's first frame.
-
-    Walks from the caller and stops at the first frame that settles it: in a
-    debug-mode loop the frames under a harmless call are mostly asyncio's,
-    and the rule that names asyncio matches at the first. A module name
-    decides a match: cached on the rule, bounded as _frames' caches.
-    """
-    hits = rule.inside_hits
-    module_kinds = _frames._module_kinds
-    frame: FrameType | None = caller
-    left = _MAX_BELOW
-    while left:
-        left -= 1
-        if frame is None or frame is edge:
-            return False
-        module = frame.f_globals.get("__name__")
-        hit = hits.get(module)
-        if hit is None:
-            if len(hits) >= _frames.MAX_CACHED_MODULES:
-                hits.clear()
-            hit = hits[module] = module_in(module, rule.inside_modules, rule.inside_prefixes)
-        if hit:
-            return True
-        kind = module_kinds.get(module)
-        if kind is None:
-            kind = _frames.frame_kind(frame)
-        # Plain ints (an enum member is a class attribute look-up and a rich compare).
-        if kind == _USER or (kind == _LOOP and _frames.is_step_edge(frame, module)):
-            return False
         frame = frame.f_back
     return False
