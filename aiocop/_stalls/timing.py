@@ -247,8 +247,9 @@ HELD_SHARE = CPU_BOUND_RATE
 # ... the watchdog waited for the GIL (neither running nor waiting for a CPU)
 # for HELD_LATE_SWITCHES switch intervals, woke at least once every
 # HELD_WAKE_SWITCHES of them to ask again (a stopped process does not wake),
-# and the loop's thread ran HELD_RAN_SWITCHES of them (Python code hands the
-# GIL over within one) ...
+# and the loop's thread ran HELD_RAN_SWITCHES of them after the watchdog
+# asked (Python code hands the GIL over within one; a loop busy at its last
+# look may have run up to the ask: `held_from`'s busy_since_seen) ...
 HELD_WAKE_SWITCHES = 4
 HELD_RAN_SWITCHES = 3
 # ... and, always, the rest of the process used no more than this share of
@@ -277,6 +278,8 @@ def held_from(
     cpu: float | None,
     others: float | None,
     kept: tuple[float, int] | None = None,
+    *,
+    busy_since_seen: bool = False,
 ) -> float:
     """When the loop's thread began holding the GIL in one C call that ended just before the look at `now` (0: none).
 
@@ -297,6 +300,13 @@ def held_from(
     watchdog asked, when the thread got less than a whole CPU; never before
     the loop's last look (nor, the caller sees to it, before the loop woke
     for the step).
+
+    `busy_since_seen`: the loop was in a step at its last look, so its thread
+    may have used all the CPU it could before the watchdog asked (`asked -
+    seen`), Python code included; only what it used beyond that counts
+    towards the CPU a hold needs (HELD_RAN_SWITCHES). A loop seen idle used
+    none before it woke, which is not known where it cannot be armed: there
+    the whole of `ran` counts, as before.
     """
     late = now - asked
     switch = sys.getswitchinterval()
@@ -315,7 +325,7 @@ def held_from(
             blocked < HELD_LATE_SWITCHES * switch
             or slices * HELD_WAKE_SWITCHES * switch < blocked
             or slices > HELD_MAX_WAKES * blocked / switch + 2
-            or ran < HELD_RAN_SWITCHES * switch
+            or ran - (max(asked - seen, 0.0) if busy_since_seen else 0.0) < HELD_RAN_SWITCHES * switch
         ):
             return 0.0
     return max(min(now - ran, asked), seen)

@@ -70,8 +70,8 @@ def held_decisions(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     found: list[float] = []
     real = _timing.held_from
 
-    def recording(*args: object) -> float:
-        held = real(*args)  # type: ignore[arg-type]
+    def recording(*args: object, **keywords: object) -> float:
+        held = real(*args, **keywords)  # type: ignore[arg-type]
         if held:
             found.append(held)
         return held

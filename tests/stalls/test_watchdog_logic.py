@@ -1217,6 +1217,27 @@ def test_held_from_decision_where_the_watchdog_knows_why_it_was_late(
     assert held(100.004, 100.300, 100.000, 1.000, 1.020, 0.010, (0.100, 50)) == 0.0
 
 
+def test_held_from_counts_only_the_cpu_a_busy_loop_used_after_the_watchdog_asked(
+    rec: Recorded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop in a step at its last look may have run Python code all the way to the watchdog's ask: only the CPU
+    beyond that (`asked - seen`) shows a C call holding the GIL. Python code hands the GIL over within a switch
+    interval of running; one whose thread a busy machine preempted while it held the GIL kept the watchdog out as
+    long, and was taken for a hold (5 ms steps reported as 31-49 ms stalls with two `yes` beside the tests)."""
+    monkeypatch.setattr(sys, "getswitchinterval", lambda: 0.005)
+    held = _timing.held_from
+    kept = (0.005, 8)  # the watchdog blocked on the GIL 31 ms and more, waking every few ms to ask again
+    # Seen idle: all 16 ms of the thread's CPU since count (its wake is not known), as before.
+    assert held(100.004, 100.040, 100.000, 1.000, 1.016, 0.001, kept) == near(100.004)
+    # Seen in a step 4 ms before the ask: 12 ms of CPU after it, less than 3 switch intervals.
+    assert held(100.004, 100.040, 100.000, 1.000, 1.016, 0.001, kept, busy_since_seen=True) == 0.0
+    assert held(100.004, 100.040, 100.000, 1.000, 1.0191, 0.001, kept, busy_since_seen=True) == near(100.004)
+    # Looks 40 ms apart (a busy thread starving the watchdog), the loop spinning in 2 ms steps throughout:
+    # 45 ms of CPU by a look 35 ms late is 5 ms after the ask. No hold.
+    assert held(100.040, 100.075, 100.000, 1.000, 1.045, 0.001, (0.005, 8)) == near(100.030)  # (seen idle)
+    assert held(100.040, 100.075, 100.000, 1.000, 1.045, 0.001, (0.005, 8), busy_since_seen=True) == 0.0
+
+
 def test_gil_held_step_on_a_machine_eight_times_oversubscribed(rec: Recorded, frames: Frames) -> None:
     """The loop's thread held the GIL 296 ms on 7 % of a CPU (21 ms of its clock); the watchdog, told it
     was blocked 196 ms and woke 50 times, takes it for a hold: one stall from when it asked."""
