@@ -637,7 +637,7 @@ class Watchdog:
         # hold this look waited on was the step's before it: what the loop's
         # thread ran since the last look was that step's tail, to this look.
         entering = found is None or (found[2] is found[1] and _stacks.entering(found[2]))
-        hold = self._held(watch, found, entering, now, cpu) if self._due and (found or step) else 0.0
+        hold = self._held(watch, found, entering, now, cpu, step is not None) if self._due and (found or step) else 0.0
         held = 0.0 if entering else hold
         if found is None:
             if state.own:
@@ -748,6 +748,7 @@ class Watchdog:
         entering: bool,
         now: float,
         cpu: float | None,
+        busy: bool,
     ) -> float:
         # When the loop's thread began holding the GIL in the C call this
         # look waited on (0: none; _timing.held_from): in the step the look
@@ -776,11 +777,11 @@ class Watchdog:
         kept = self._own_scheduling()
         proc = self._proc_ran
         others = None if proc is None or cpu is None or cpu_seen is None else proc - (cpu - cpu_seen)
-        # In a step at its last look, the loop's thread may have run Python
-        # code up to the ask: a thread preempted while that code held the GIL
-        # kept this look out as a C call would (a 31-49 ms stall of 5 ms steps,
-        # with the timing tests and two `yes` beside them).
-        busy = state_of(watch).step is not None
+        # `busy`: in a step at its last look (read before this look let go of
+        # the GIL), the loop's thread may have run Python code up to the ask:
+        # a thread preempted while that code held the GIL kept this look out as
+        # a C call would (a 31-49 ms stall of 5 ms steps, with the timing tests
+        # and two `yes` beside them).
         return _timing.held_from(asked, now, seen, cpu_seen, cpu, others, kept, busy_since_seen=busy)
 
     def _new_step(
