@@ -301,12 +301,13 @@ def held_from(
     the loop's last look (nor, the caller sees to it, before the loop woke
     for the step).
 
-    `busy_since_seen`: the loop was in a step at its last look, so its thread
-    may have used all the CPU it could before the watchdog asked (`asked -
-    seen`), Python code included; only what it used beyond that counts
-    towards the CPU a hold needs (HELD_RAN_SWITCHES). A loop seen idle used
-    none before it woke, which is not known where it cannot be armed: there
-    the whole of `ran` counts, as before.
+    `busy_since_seen`: the loop's thread was running at its last look (in a
+    step, or between two: `ran_at_last_look`), so it may have used all the
+    CPU it could before the watchdog asked (`asked - seen`), Python code
+    included; only what it used beyond that counts towards the CPU a hold
+    needs (HELD_RAN_SWITCHES). A loop whose thread was waiting at its last
+    look used none until it woke, and when it woke is not known here: the
+    whole of `ran` counts.
     """
     late = now - asked
     switch = sys.getswitchinterval()
@@ -485,6 +486,20 @@ def woke_at(ident: object, idle_since: float, now: float) -> float:
         return 0.0
     woke = noted + _MONOTONIC_TO_PERF
     return woke if idle_since < woke <= now else 0.0
+
+
+def ran_at_last_look(watch: LoopWatch, step: Step | None) -> bool:
+    """Whether the loop's thread was running at the last look at it (which saw `step`): in a step, or between two.
+
+    A look that sees no step of a busy loop's (the loop's own code between
+    two callbacks, a C loop's next turn) finds its thread's CPU clock moved
+    since the look before; an idle loop's stood still (`remember_idle`).
+    """
+    if step is not None:
+        return True
+    state = state_of(watch)
+    ran = state.last_ran
+    return ran is not None and ran[1] == state.idle_t
 
 
 def last_seen(watch: LoopWatch) -> tuple[float, float | None]:

@@ -637,7 +637,13 @@ class Watchdog:
         # hold this look waited on was the step's before it: what the loop's
         # thread ran since the last look was that step's tail, to this look.
         entering = found is None or (found[2] is found[1] and _stacks.entering(found[2]))
-        hold = self._held(watch, found, entering, now, cpu, step is not None) if self._due and (found or step) else 0.0
+        # (Whether the loop's thread was running at the last look: read before _held's reads let go of the GIL,
+        # as a loop stopping meanwhile clears its step.)
+        hold = (
+            self._held(watch, found, entering, now, cpu, _timing.ran_at_last_look(watch, step))
+            if self._due and (found or step)
+            else 0.0
+        )
         held = 0.0 if entering else hold
         if found is None:
             if state.own:
@@ -777,11 +783,12 @@ class Watchdog:
         kept = self._own_scheduling()
         proc = self._proc_ran
         others = None if proc is None or cpu is None or cpu_seen is None else proc - (cpu - cpu_seen)
-        # `busy`: in a step at its last look (read before this look let go of
-        # the GIL), the loop's thread may have run Python code up to the ask:
-        # a thread preempted while that code held the GIL kept this look out as
-        # a C call would (a 31-49 ms stall of 5 ms steps, with the timing tests
-        # and two `yes` beside them).
+        # `busy`: running at its last look (in a step, or between two), the
+        # loop's thread may have run Python code up to the ask: a thread
+        # preempted while that code held the GIL kept this look out as a C
+        # call would (a 31-49 ms stall of 5 ms steps, with the timing tests
+        # and two `yes` beside them; 63 ms once where the last look fell
+        # between two steps).
         return _timing.held_from(asked, now, seen, cpu_seen, cpu, others, kept, busy_since_seen=busy)
 
     def _new_step(

@@ -1238,6 +1238,32 @@ def test_held_from_counts_only_the_cpu_a_busy_loop_used_after_the_watchdog_asked
     assert held(100.040, 100.075, 100.000, 1.000, 1.045, 0.001, (0.005, 8), busy_since_seen=True) == 0.0
 
 
+@pytest.mark.parametrize("ran_between", [True, False], ids=["busy-between-steps", "idle"])
+def test_a_late_look_after_one_between_two_steps_counts_only_the_cpu_after_the_ask(
+    rec: Recorded, frames: Frames, monkeypatch: pytest.MonkeyPatch, ran_between: bool
+) -> None:
+    """A busy loop's last look can fall between two of its steps: no step seen, but its thread's CPU clock moved
+    since the look before. It was running, and may have run Python code up to the watchdog's ask as a loop seen
+    in a step may: only the CPU beyond that shows a hold (a 63 ms stall of steps the task timed at 8 ms at most,
+    uvloop, in CI). A loop whose clock stood still between its last two looks was waiting: all its CPU counts."""
+    monkeypatch.setattr(sys, "getswitchinterval", lambda: 0.005)
+    looks = Looks()
+    a = frames.steps[0]
+    looks.at(100.000, 1.000, frames.idle)
+    looks.at(100.010, 1.010 if ran_between else 1.000, frames.idle)
+    # Asked at 100.040, 30 ms after the last look; got the GIL 35 ms late; the loop's thread used 44 ms of CPU
+    # (14 ms beyond the ask, if it ran all along: under 3 switch intervals).
+    cpu = 1.054 if ran_between else 1.044
+    late_look(looks, 100.040, 100.075, cpu, 0.045, a, kept=(0.005, 8))
+    assert bool(looks.step.held) is not ran_between
+    looks.at(100.077, cpu + 0.002, frames.idle)
+    if ran_between:
+        assert rec.stalls == []  # a step first seen at 100.075, over by 100.077
+    else:
+        [stall] = rec.stalls  # held from where its CPU clock puts the start: 44 ms before the look
+        assert (stall.start, stall.end) == (near(100.031), near(100.076))
+
+
 def test_gil_held_step_on_a_machine_eight_times_oversubscribed(rec: Recorded, frames: Frames) -> None:
     """The loop's thread held the GIL 296 ms on 7 % of a CPU (21 ms of its clock); the watchdog, told it
     was blocked 196 ms and woke 50 times, takes it for a hold: one stall from when it asked."""
