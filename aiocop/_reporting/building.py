@@ -174,16 +174,23 @@ def _loop_name(loop: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}@{address}"
 
 
-def format_samples(samples: list[tuple[tuple[tuple[CodeType, int], ...], int]]) -> list[CpuStackSample]:
+def format_samples(samples: list[tuple[tuple[tuple[CodeType, int], ...], int, float]]) -> list[CpuStackSample]:
     formatted: list[CpuStackSample] = []
-    for stack, count in samples:
+    for stack, count, seconds in samples:
         pairs = [frame_of(code, lasti) for code, lasti in stack]
         texts = [p[1] for p in pairs]
         user = next((p[1] for p in pairs if not is_internal_file(p[0][0])), texts[0] if texts else "unknown")
         app = next((p[1] for p in pairs if not is_internal_file(p[0][0]) and is_app_file(p[0][0])), user)
         frames = [p[0] for p in pairs]
         formatted.append(
-            {"trace": " <- ".join(texts), "entry_point": user, "count": count, "frames": frames, "app_site": app}
+            {
+                "trace": " <- ".join(texts),
+                "entry_point": user,
+                "count": count,
+                "frames": frames,
+                "app_site": app,
+                "time_ms": seconds * 1000.0,
+            }
         )
     return formatted
 

@@ -8,8 +8,15 @@ is sampled at every poll: counted, a 1.3 s sleep outweighed 2.4 s of
 way. So the pictures of the stacks (the HTML report's flame graph,
 speedscope, folded stacks) weigh each step as the table does: by the time
 it held its loop (`elapsed_ms`), split among its stacks in proportion to
-how often the samples found each. The samples still say where a step's
-time went; only the step's time says how much there was.
+the loop time their samples stand for (`ms`: each sample the time since
+the one before). The samples still say where a step's time went; only the
+step's time says how much there was.
+
+Within a step, too, a count misleads where C code held the GIL: one late
+look sees the hold as it ends, and the looks after it find the step's next
+lines. Split by count, a step of 2.4 s of `json.dumps` and a moment at the
+`await` after it went half to each. A model from an aiocop before the
+samples had a time (no `ms`) is split by count.
 
 A step no sample found (a blocking call shorter than the watchdog's poll, or
 a run with no watchdog: the pytest plugin's default) puts its whole time on
@@ -55,10 +62,13 @@ def weighed_steps(model: dict[str, Any]) -> list[list[Stack]]:
 def _stacks_of(step: dict[str, Any]) -> list[Stack]:
     elapsed = max(0.0, float(step["elapsed_ms"]))
     sampled = [(n, sample) for n, sample in enumerate(step[SAMPLES]) if sample["frames"] and sample["count"] > 0]
-    counted = sum(sample["count"] for _, sample in sampled)
-    if counted:
+    key = "ms" if sampled and all("ms" in sample for _, sample in sampled) else "count"
+    total = sum(sample[key] for _, sample in sampled)
+    if not total and key == "ms":  # (times all 0: a step sampled once, at its very start)
+        key, total = "count", sum(sample["count"] for _, sample in sampled)
+    if total:
         return [
-            Stack(SAMPLES, n, sample["frames"], sample["app_frame"], elapsed * sample["count"] / counted)
+            Stack(SAMPLES, n, sample["frames"], sample["app_frame"], elapsed * sample[key] / total)
             for n, sample in sampled
         ]
     calls = [(n, call) for n, call in enumerate(step[CALLS]) if call["frames"]]

@@ -230,7 +230,7 @@ def _thread_trace(ident: int) -> str:
 
 def build_event(hang: Hang) -> SlowTaskEvent:
     """The `reason="hang"` event of a report (reads source lines: off the watchdog's thread)."""
-    stack = [(hang.stack, 1)] if hang.stack else []
+    stack = [(hang.stack, 1, hang.elapsed_s)] if hang.stack else []
     samples = _building.format_samples(stack)
     elapsed_ms = hang.elapsed_s * 1000.0
     task = hang.task.task
@@ -259,7 +259,7 @@ def build_event(hang: Hang) -> SlowTaskEvent:
     )
 
 
-def _culprit_of(hang: Hang, stack: list[tuple[Stack, int]]) -> str:
+def _culprit_of(hang: Hang, stack: list[tuple[Stack, int, float]]) -> str:
     described = _attribution.describe(stack, hang.waiting)
     if not (hang.wrapped and hang.waiting):
         return described

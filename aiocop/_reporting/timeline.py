@@ -155,6 +155,8 @@ def _step(n: int, end_s: float, event: SlowTaskEvent, index: dict[tuple[str, str
                 "app_site": sample.get("app_site", sample["entry_point"]),
                 "frames": _frames(sample.get("frames", ())),
                 "app_frame": _marked(sample.get("frames", ()), sample.get("app_site", sample["entry_point"])),
+                # (The loop time the samples stand for, by which `flame.py` weighs them; absent: by count.)
+                **({"ms": _finite(float(sample["time_ms"]))} if "time_ms" in sample else {}),
             }
             for sample in event.cpu_stack_samples
         ],

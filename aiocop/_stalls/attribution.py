@@ -34,7 +34,8 @@ class Stall:
     watch: LoopWatch
     start: float
     end: float
-    samples: list[tuple[tuple[tuple[CodeType, int], ...], int]]
+    # Each stack sampled, most common first: how often, and the loop time (s) its samples stand for.
+    samples: list[tuple[tuple[tuple[CodeType, int], ...], int, float]]
     waiting: bool  # the loop thread used (almost) no CPU: it was waiting, not working
     root: FrameType | None
     waiting_top: bool = False  # the most frequent stack was sampled while waiting
@@ -158,7 +159,7 @@ def _find_task(loop: asyncio.AbstractEventLoop | None, root: FrameType | None) -
     return None
 
 
-def describe(samples: list[tuple[tuple[tuple[CodeType, int], ...], int]], waiting: bool) -> str:
+def describe(samples: list[tuple[tuple[tuple[CodeType, int], ...], int, float]], waiting: bool) -> str:
     if not samples or not samples[0][0]:
         return ""
     code, lasti = samples[0][0][0]  # innermost frame of the most frequent stack

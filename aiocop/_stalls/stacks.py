@@ -201,8 +201,20 @@ def sample(
     many times it was given one (sched.queued); `runnable`, whether it is
     runnable now (sched.runnable). Called only where the CPU clock says the
     thread had less than a whole CPU.
+
+    The sample stands for the loop time since the sample before (for the
+    step's first, since the step is known to have run: `Step.known_since`),
+    which `step.sample_s` adds up per stack. The looks come at a steady
+    pace while Python code runs, so this weighs stacks as their counts do;
+    not where one C call held the GIL: the watchdog's thread, kept out, looks
+    once at its end, and that late look's stack stands for the whole hold,
+    not for one look's worth of it (the flame graphs draw stacks by it:
+    _reporting/flame.py).
     """
     step.samples[stack] = step.samples.get(stack, 0) + 1
+    weighed = step.sample_s
+    weighed[stack] = weighed.get(stack, 0.0) + max(0.0, now - (step.weighed_t or step.known_since()))
+    step.weighed_t = now
     # Waiting or working at this sample: did the thread's CPU clock move
     # since the previous one (or since the step was first seen)? Time it
     # spent runnable but kept off the CPUs by other processes (`queued`)

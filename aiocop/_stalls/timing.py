@@ -58,6 +58,7 @@ class Step:
         "root",
         "sample_cpu",
         "sample_queued",
+        "sample_s",
         "sample_t",
         "samples",
         "stalled",
@@ -66,6 +67,7 @@ class Step:
         "t_prev",
         "task",
         "waiting",
+        "weighed_t",
         "woke",
     )
 
@@ -84,6 +86,10 @@ class Step:
         # Step at nearly every poll, and a Counter costs µs to make.
         self.samples: dict[tuple[tuple[CodeType, int], ...], int] = {}
         self.waiting: dict[tuple[tuple[CodeType, int], ...], int] = {}  # samples taken while idle on CPU
+        # Stack -> the loop time its samples stand for (s), and up to when the
+        # step's time is given to a sample (0: none yet; `stacks.sample`).
+        self.sample_s: dict[tuple[tuple[CodeType, int], ...], float] = {}
+        self.weighed_t = 0.0
         self.sample_t = now
         self.sample_cpu = cpu
         # Its thread's wait for a CPU, and the times it was given one, at the last sample (sched.queued).
@@ -356,7 +362,12 @@ def stopped_for(late: float, kept: Callable[[], tuple[float, int] | None]) -> fl
 
 
 def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
-    samples = sorted(step.samples.items(), key=itemgetter(1), reverse=True)  # most common first
+    weighed = step.sample_s
+    # Most common first; each with the loop time its samples stand for.
+    samples = [
+        (stack, count, weighed.get(stack, 0.0))
+        for stack, count in sorted(step.samples.items(), key=itemgetter(1), reverse=True)
+    ]
     top_waiting = bool(samples) and step.waiting.get(samples[0][0], 0) * 2 >= samples[0][1]
     return Stall(
         watch,
@@ -384,7 +395,8 @@ def held_tick(
     (`code`: named as the call site).
     """
     waiting = (cpu - began[1]) < CPU_BOUND_RATE * (ended - began[0])
-    return Stall(watch, began[0], ended, [(((code, 0),), 1)], waiting, None, waiting, ident=ident, seen_until=ended)
+    sampled: list[tuple[tuple[tuple[CodeType, int], ...], int, float]] = [(((code, 0),), 1, ended - began[0])]
+    return Stall(watch, began[0], ended, sampled, waiting, None, waiting, ident=ident, seen_until=ended)
 
 
 # Garbage collections run by the watchdog thread itself: while one runs it

@@ -452,7 +452,7 @@ def test_reading_an_event_on_the_loop_reports_none_of_aiocops_own_source_reads(
 
     watch = LoopWatch.__new__(LoopWatch)
     watch.thread_id, watch.thread_name, watch.loop_name = -1, "MainThread", "asyncio"
-    stall = Stall(watch, 1.0, 1.1, [((outer(),), 1)], waiting=False, root=None)
+    stall = Stall(watch, 1.0, 1.1, [((outer(),), 1, 0.1)], waiting=False, root=None)
     event = build_stall_event(stall, None, {})
 
     async def main() -> None:

@@ -245,7 +245,9 @@ STEP: dict[str, Any] = {
             "weight": 1,
         }
     ],
-    "samples": [{"count": 3, "trace": "app.py:1:f", "app_site": "app.py:1:f", "frames": [FRAME], "app_frame": -1}],
+    "samples": [
+        {"count": 3, "trace": "app.py:1:f", "app_site": "app.py:1:f", "frames": [FRAME], "app_frame": -1, "ms": 2.5}
+    ],
     "dropped_calls": 0,
 }
 TIMELINE: dict[str, Any] = {"steps": [STEP], "steps_dropped": 0, "duration_ms": 1000.0}
@@ -270,9 +272,11 @@ def test_hangs_and_steps_are_kept_and_a_hang_renders_as_run_prints_it() -> None:
         "      n += 1",
     ]
     assert checked(REPORT)["hangs"] == [] and checked(REPORT)["timeline"] is None  # an older agent sends neither
-    # ... nor the calls' weights (issue 37): the flame graphs then take a step's first call.
+    # ... nor the calls' weights (issue 37): the flame graphs then take a step's first call; nor the samples'
+    # times: they weigh the samples by count.
     older = copy.deepcopy(TIMELINE)
     del older["steps"][0]["calls"][0]["weight"]
+    del older["steps"][0]["samples"][0]["ms"]
     assert checked({**REPORT, "timeline": older})["timeline"] == older
 
 
@@ -296,6 +300,8 @@ def test_hangs_and_steps_are_kept_and_a_hang_renders_as_run_prints_it() -> None:
         (("timeline", "steps", 0, "calls", 0, "app_frame"), 1, "report.json.timeline.steps[0].calls[0].app_frame:"),
         (("timeline", "steps", 0, "samples", 0, "count"), -1, "report.json.timeline.steps[0].samples[0].count:"),
         (("timeline", "steps", 0, "calls", 0, "weight"), "50", "report.json.timeline.steps[0].calls[0].weight:"),
+        (("timeline", "steps", 0, "samples", 0, "ms"), -1.0, "report.json.timeline.steps[0].samples[0].ms: expected a"),
+        (("timeline", "steps", 0, "samples", 0, "ms"), "5", "report.json.timeline.steps[0].samples[0].ms: expected a"),
         (("timeline", "steps"), [STEP] * 5001, "report.json.timeline.steps: more than 5000 items"),
         (("timeline", "steps", 0, "t0"), 20.0, "report.json.timeline.steps[0]: it ends (t1) before it starts (t0)"),
     ],

@@ -56,6 +56,31 @@ def test_a_steps_time_is_split_among_its_stacks_as_the_samples_found_them() -> N
     assert weights == [[("samples", 0, 300.0), ("samples", 2, 100.0)]]
 
 
+def test_a_steps_time_is_split_by_the_time_its_samples_stand_for() -> None:
+    # One step: 2.4 s of json.dumps holding the GIL, seen once by the look it kept out, then the `await` after
+    # it, seen by the next look: by count half each, by the time each sample stands for almost all json.dumps.
+    step = _step(2405.0, [([DUMPS, APP], 1), ([SLEEP], 1)])
+    step["samples"][0]["ms"], step["samples"][1]["ms"] = 2400.0, 5.0
+    assert _weights(step) == [[("samples", 0, pytest.approx(2400.0)), ("samples", 1, pytest.approx(5.0))]]
+    # A model from an aiocop before samples had a time (a sample without `ms`), or times all 0: by count.
+    del step["samples"][1]["ms"]
+    assert _weights(step) == [[("samples", 0, 1202.5), ("samples", 1, 1202.5)]]
+    step["samples"][0]["ms"] = step["samples"][1]["ms"] = 0.0
+    assert _weights(step) == [[("samples", 0, 1202.5), ("samples", 1, 1202.5)]]
+
+
+def test_the_model_gives_each_sample_its_time() -> None:
+    sample = {"trace": "", "entry_point": "/app/app.py:13:encode", "count": 1, "frames": [DUMPS, APP]}
+    timeline = _timeline.Timeline(Summary())
+    timeline(SlowTaskEvent(2405.0, 30.0, True, 51, "high", "cpu_blocking", [], cpu_stack_samples=[sample]))  # type: ignore[list-item]
+    timeline(
+        SlowTaskEvent(90.0, 30.0, True, 51, "high", "cpu_blocking", [], cpu_stack_samples=[{**sample, "time_ms": 80.0}])
+    )  # type: ignore[list-item]
+    model = _timeline.build(timeline, _timeline.Facts("cmd", 30.0, "asyncio"))
+    assert ["ms" in step["samples"][0] for step in model["steps"]] == [False, True]
+    assert model["steps"][1]["samples"][0]["ms"] == 80.0
+
+
 def test_a_step_no_sample_found_is_drawn_at_its_heaviest_call() -> None:
     stat, sleep, sleep_again = ([APP], 1), ([SLEEP], 50), ([SLEEP, APP], 50)
     assert _weights(_step(80.0, calls=[stat, sleep, sleep_again], reason="io_blocking")) == [[("calls", 1, 80.0)]]

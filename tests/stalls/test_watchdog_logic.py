@@ -298,10 +298,11 @@ def test_stall_of_carries_what_the_looks_saw(rec: Recorded) -> None:
     s = step(100.000, 100.010, 100.050, 1.000, 1.0001, 1.0002)
     a, b = ((step.__code__, 0),), ((near.__code__, 2),)
     s.samples = {a: 1, b: 4}
+    s.sample_s = {a: 0.010, b: 0.040}
     s.waiting = {b: 2}
     s.hangs, s.hung_s = 2, 3.5
     stall = _timing.stall_of(s, 100.005, 100.055, watch)
-    assert stall.samples == [(b, 4), (a, 1)]
+    assert stall.samples == [(b, 4, 0.040), (a, 1, 0.010)]
     assert stall.waiting and stall.waiting_top
     assert (stall.start, stall.end, stall.seen_until) == (100.005, 100.055, 100.050)
     assert (stall.hang_reports, stall.hung_s) == (2, 3.5)
@@ -466,7 +467,7 @@ def test_look_sequence_cpu_bound_stall(rec: Recorded, frames: Frames) -> None:
     assert (stall.start, stall.end) == (near(100.002), near(100.047))
     assert not stall.waiting
     assert stall.ident is a.f_back and stall.seen_until == 100.040
-    assert stall.samples == [(((a.f_code, a.f_lasti),), 2)]
+    assert stall.samples == [(((a.f_code, a.f_lasti),), 2, near(0.038))]  # 18 ms from its start, then 20 ms
     assert looks.watch.watchdog.last_ran == (100.040, 100.050)  # it ran since the look before, and waits again
     assert not rec.hangs
 
@@ -512,7 +513,7 @@ def test_a_spin_kept_off_the_cpus_by_a_busy_machine_is_working_not_waiting(
         looks.at(now, 1.008, a)
     looks.at(100.064, 1.009, frames.idle)
     [stall] = rec.stalls
-    [(_stack, taken)] = stall.samples
+    [(_stack, taken, _seconds)] = stall.samples
     assert taken == 3  # the first waiting by its CPU clock alone (no reading before it), when busy too
     working = machine in ("busy", "starved")
     assert stall.waiting_top is not working
@@ -1337,7 +1338,8 @@ def test_gil_held_step_seen_once_is_a_stall_of_its_whole_length(rec: Recorded, f
     assert not looks.at(100.302, 1.2996, frames.idle)
     [stall] = rec.stalls
     assert (stall.start, stall.end) == (near(100.0005), near(100.3001))
-    assert not stall.waiting and stall.samples == [(((a.f_code, a.f_lasti),), 1)]
+    # Its one sample, taken by the look the hold kept out, stands for the whole hold (the flame graphs' weight).
+    assert not stall.waiting and stall.samples == [(((a.f_code, a.f_lasti),), 1, near(0.2995))]
     assert not rec.hangs
 
 
