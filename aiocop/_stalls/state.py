@@ -40,7 +40,6 @@ class LoopState:
         "last_ran",
         "own",
         "probe_cpu",
-        "probe_ended",
         "probe_seen",
         "probe_started",
         "step",
@@ -74,9 +73,6 @@ class LoopState:
         # thread: the watchdog does not take it for the loop waking up.
         self.probe_cpu = 0.0
         self.probe_seen = 0.0  # probe_cpu at the watchdog's last look (owned by the watchdog)
-        # When the last tick ended (perf_counter(); 0: none yet), written
-        # before probe_cpu: the loop's wait after a tick began as it ended.
-        self.probe_ended = 0.0
         # The tripwire (_stalls/tripwire.py): armed while the watchdog sleeps long,
         # and when it last fired (perf_counter(), written by the loop's thread
         # as the loop woke), and the profile function it installed.

@@ -451,26 +451,13 @@ def all_quiet(watches: dict[int, LoopWatch]) -> bool:
     return True
 
 
-# How long after the probe's tick ends its loop waits again, at the most: the
-# loop's own work around a tick (its other due timers, the next timeout's
-# reckoning) took up to 1.2 ms with the other core busy (see the watchdog's
-# _GUARDED_SLACK_S, the same allowance in CPU).
-TICK_WAIT_S = 0.005
-
-
-def remember_idle(watch: LoopWatch, now: float, cpu: float | None, before: float, tick_ended: float = 0.0) -> None:
-    """A look at `now` saw the loop idle, its thread's CPU clock at `cpu`; the look before it was at `before`.
-
-    `tick_ended`: all its thread ran since that look was the probe's tick,
-    which ended then (0: not so). The loop went back to its wait as the
-    tick ended, not anywhere between the looks (see `_stalls/waits.py`).
-    """
+def remember_idle(watch: LoopWatch, now: float, cpu: float | None, before: float) -> None:
+    """A look at `now` saw the loop idle, its thread's CPU clock at `cpu`; the look before it was at `before`."""
     state = state_of(watch)
     if cpu is None or state.idle_cpu is None:
         state.last_ran = None  # (first seen idle: when its wait began is not known)
     elif cpu != state.idle_cpu:
-        # It ran since the last look, and waits again.
-        state.last_ran = (tick_ended, tick_ended + TICK_WAIT_S) if before < tick_ended < now else (before, now)
+        state.last_ran = (before, now)  # it ran since the last look, and waits again
     state.idle_t = now
     state.idle_cpu = cpu
 

@@ -588,7 +588,7 @@ class Watchdog:
                 _loops.unregister(thread_id)
                 continue
             idle_cpu = state.idle_cpu
-            if self._poll_one(watch, frame, now, cpu, probe):
+            if self._poll_one(watch, frame, now, cpu):
                 busy = True
                 step = state.step
                 # (A probe's tick kept from a CPU past arm_after is a step, looked at fast while it
@@ -623,13 +623,10 @@ class Watchdog:
                 return
             self._finish(watch, stopped, cpu, sure=True)
 
-    def _poll_one(
-        self, watch: LoopWatch, frame: FrameType, now: float, cpu: float | None, probe: float | None = None
-    ) -> bool:
+    def _poll_one(self, watch: LoopWatch, frame: FrameType, now: float, cpu: float | None) -> bool:
         # `now` and `cpu`: the time and the thread's CPU clock at the snapshot
         # `frame` comes from, read together (estimates divide one by the
-        # other, so a skew between them would show up as speed); `probe`: the
-        # CPU the probe's ticks told, read before that clock (None: not read).
+        # other, so a skew between them would show up as speed).
         found = _stacks.step_of(frame, watch, now)
         # (Its task read with it, before _held's read lets go of the GIL.)
         seen_task = _attribution.running_task(watch.loop, found[1]) if found is not None else None
@@ -654,10 +651,9 @@ class Watchdog:
             before = _timing.last_seen(watch)[0]  # (read before the step is dropped)
             if step is not None:
                 self._finish(watch, now, cpu, sure=bool(hold))
-            tick_ended = _tick_only(state, cpu, probe) if step is None else 0.0
             state.step = None
             state.beat_posted = 0.0
-            _timing.remember_idle(watch, now, cpu, before, tick_ended)
+            _timing.remember_idle(watch, now, cpu, before)
             return False
         ident, root, innermost = found
         came_back = step is not None and _timing.loop_came_back(watch, now)
@@ -969,20 +965,6 @@ def _on_gc(phase: str, info: dict[str, int]) -> None:
 # that runs the application's code looking armed: its CPU, once past this,
 # sends the watchdog into its fast looks, which then see a step and disarm it.
 _GUARDED_SLACK_S = 0.005
-
-
-def _tick_only(state: LoopState, cpu: float | None, probe: float | None) -> float:
-    # When the probe's tick ended, if all an idle loop's thread ran since the
-    # last look was that tick (0: not so). Its loop waits again from there,
-    # and the look planned for the end of that wait's timer (_waits) comes
-    # then, not every few milliseconds from the earliest moment the wait can
-    # have begun (the look before the tick): a timer every 500 ms, the
-    # probe's own, kept the watchdog looking every 4 ms for up to 100 ms at
-    # each tick on a loop that cannot be armed (uvloop, 3.12: 0.69 % of a
-    # core idle, against 0.41 % without the probe).
-    if probe is None or probe == state.probe_seen or state.own:
-        return 0.0
-    return state.probe_ended if _within_slack(state, cpu, probe) else 0.0
 
 
 def _within_slack(state: LoopState, cpu: float | None, probe_now: float) -> bool:

@@ -349,34 +349,6 @@ def test_remember_idle(rec: Recorded) -> None:
     assert watch.watchdog.last_ran is None
 
 
-def test_remember_idle_after_the_probes_tick(rec: Recorded) -> None:
-    """All the thread ran between two looks was the probe's tick: its loop waits again from the tick's end, not from
-    anywhere between the looks (the look planned for that wait's timer then comes once, as it ends: `_waits`)."""
-    watch = watch_of()
-    _timing.remember_idle(watch, 100.0, 1.0, 99.9)
-    _timing.remember_idle(watch, 100.1, 1.002, 100.0, tick_ended=100.0312)
-    assert watch.watchdog.last_ran == (100.0312, near(100.0312 + _timing.TICK_WAIT_S))
-    # A tick's end outside the gap (one that ended after this look's clocks were read): the gap, as ever.
-    _timing.remember_idle(watch, 100.2, 1.004, 100.1, tick_ended=100.205)
-    assert watch.watchdog.last_ran == (100.1, 100.2)
-
-
-def test_a_tick_alone_is_told_from_the_loop_running_more(rec: Recorded) -> None:
-    """`_tick_only`: a tick ended since the last look (the CPU it told moved), none is under way, and the thread's
-    clock moved by no more than it told (and the slack for the loop's own work around it)."""
-    watch = watch_of()
-    state = watch.watchdog
-    state.idle_cpu, state.probe_seen, state.probe_ended = 1.000, 0.010, 100.031
-    tick_only = _watchdog._tick_only
-    assert tick_only(state, 1.0012, 0.0112) == 100.031  # 1.2 ms told, 1.2 ms ran
-    assert tick_only(state, 1.0060, 0.0112) == 100.031  # and up to 5 ms more of the loop's own
-    assert tick_only(state, 1.0070, 0.0112) == 0.0  # more: the application ran too
-    assert tick_only(state, 1.0012, 0.010) == 0.0  # no tick told since the last look
-    assert tick_only(state, 1.0012, None) == 0.0  # not read (a loop found by discovery)
-    state.own = True
-    assert tick_only(state, 1.0012, 0.0112) == 0.0  # a tick under way: the wait after it has not begun
-
-
 def test_last_other(rec: Recorded) -> None:
     """What a new step is timed from: the heartbeat's run, else the previous step's last look, else the idle look."""
     watch = watch_of()
