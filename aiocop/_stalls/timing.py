@@ -32,15 +32,6 @@ if TYPE_CHECKING:
 
 # A step whose thread gets at least this share of a CPU is working, not waiting.
 CPU_BOUND_RATE = 0.1
-# ... and at least this share for its CPU clock to say when it began, as a
-# stall is decided (`Step.known_since`). Below it the thread is kept off the
-# CPUs much of the time, at a pace that changes (the machine's load, not the
-# step): the CPU before its first sighting, read at the pace seen after it,
-# put the start of 5 ms steps up to 25 ms early (their thread on 20-42 % of a
-# CPU, two `yes` beside the tests), and several steps no look saw became one
-# stall. The start is still estimated so (`Step.start`); the decision then
-# rests on the looks that saw it.
-HEAD_TRUSTED_RATE = 0.5
 # A step's end timed by the CPU clock to within this of the next look
 # touches it: its thread ran through the gap (`Step._tail`).
 _CLOCK_SLACK_S = 1e-6
@@ -178,15 +169,14 @@ class Step:
 
         The first poll that saw it, or earlier when the thread's CPU clock
         shows it was already working before that poll, on this step alone
-        (`_head`), at a pace that can be trusted (HEAD_TRUSTED_RATE). Deciding
-        that a step is a stall rests on this; the guesses of `start()` only
-        time it.
+        (`_head`). Deciding that a step is a stall rests on this; the guesses
+        of `start()` only time it.
         """
         if self.began or self.held:
             return self.start()
         head = self._head()
         if head is not None:
-            return head[0] if head[1] and self.cpu_rate() >= HEAD_TRUSTED_RATE else self.t_first
+            return head[0] if head[1] else self.t_first
         if self.woke and self.cpu_first is not None and self.cpu_prev is not None:
             return self.start()
         return self.t_first
