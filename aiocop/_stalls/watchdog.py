@@ -813,8 +813,11 @@ class Watchdog:
         # clock had moved since the look before: `ran_at_last_look`), the
         # last look left the gap as shared as one that saw another step:
         # steps no look saw may have run in it before this one. Taken for
-        # this step's alone, it made 5 ms steps of one task a 30-37 ms stall,
-        # their thread on a fifth of a CPU (uvloop, 3.14, 4 rounds in 600).
+        # this step's alone, the gap's CPU read at a starved thread's pace
+        # reaches back past them (6 ms at a fifth of a CPU: 30 ms). (Where
+        # the clock stood still between the two looks before, a starved
+        # thread between two steps is taken for a waiting loop: see
+        # docs/concepts/watchdog.md, "Its limits".)
         after_other = (step is not None or _timing.ran_at_last_look(watch, None)) and not entering
         if step is not None:
             # Seen in another step, the gap is shared (Step.after_other),
