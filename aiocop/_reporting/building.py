@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from aiocop._interception.hook import Record, StepGroup
     from aiocop._interception.trio_runs import TrioTask
-    from aiocop._stalls.attribution import Stall
+    from aiocop._stalls.attribution import Sampled, Stall
 
 
 _MAX_ARG_CHARS = 100
@@ -174,7 +174,7 @@ def _loop_name(loop: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}@{address}"
 
 
-def format_samples(samples: list[tuple[tuple[tuple[CodeType, int], ...], int, float]]) -> list[CpuStackSample]:
+def format_samples(samples: list[Sampled]) -> list[CpuStackSample]:
     formatted: list[CpuStackSample] = []
     for stack, count, seconds in samples:
         pairs = [frame_of(code, lasti) for code, lasti in stack]

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from types import CodeType, FrameType
 
     from aiocop._interception.loops import LoopWatch
-    from aiocop._stalls.attribution import StalledTask
+    from aiocop._stalls.attribution import Sampled, StalledTask
     from aiocop._stalls.timing import Step
 
 logger = logging.getLogger("aiocop")
@@ -259,7 +259,7 @@ def build_event(hang: Hang) -> SlowTaskEvent:
     )
 
 
-def _culprit_of(hang: Hang, stack: list[tuple[Stack, int, float]]) -> str:
+def _culprit_of(hang: Hang, stack: list[Sampled]) -> str:
     described = _attribution.describe(stack, hang.waiting)
     if not (hang.wrapped and hang.waiting):
         return described

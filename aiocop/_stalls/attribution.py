@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from aiocop._interception.loops import LoopWatch
 
 
+# One stack a step's samples found, how often, and the loop time (s) they stand for (`stacks.sample`).
+Sampled = tuple[tuple[tuple["CodeType", int], ...], int, float]
+
+
 @dataclass
 class Stall:
     """A finished stall, ready to report or to merge into an io event."""
@@ -35,7 +39,7 @@ class Stall:
     start: float
     end: float
     # Each stack sampled, most common first: how often, and the loop time (s) its samples stand for.
-    samples: list[tuple[tuple[tuple[CodeType, int], ...], int, float]]
+    samples: list[Sampled]
     waiting: bool  # the loop thread used (almost) no CPU: it was waiting, not working
     root: FrameType | None
     waiting_top: bool = False  # the most frequent stack was sampled while waiting
@@ -159,7 +163,7 @@ def _find_task(loop: asyncio.AbstractEventLoop | None, root: FrameType | None) -
     return None
 
 
-def describe(samples: list[tuple[tuple[tuple[CodeType, int], ...], int, float]], waiting: bool) -> str:
+def describe(samples: list[Sampled], waiting: bool) -> str:
     if not samples or not samples[0][0]:
         return ""
     code, lasti = samples[0][0][0]  # innermost frame of the most frequent stack

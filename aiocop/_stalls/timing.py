@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from types import CodeType, FrameType
 
     from aiocop._interception.loops import LoopWatch
-    from aiocop._stalls.attribution import StalledTask
+    from aiocop._stalls.attribution import Sampled, StalledTask
 
 # A step whose thread gets at least this share of a CPU is working, not waiting.
 CPU_BOUND_RATE = 0.1
@@ -395,7 +395,7 @@ def held_tick(
     (`code`: named as the call site).
     """
     waiting = (cpu - began[1]) < CPU_BOUND_RATE * (ended - began[0])
-    sampled: list[tuple[tuple[tuple[CodeType, int], ...], int, float]] = [(((code, 0),), 1, ended - began[0])]
+    sampled: list[Sampled] = [(((code, 0),), 1, ended - began[0])]
     return Stall(watch, began[0], ended, sampled, waiting, None, waiting, ident=ident, seen_until=ended)
 
 
