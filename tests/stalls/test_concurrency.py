@@ -25,8 +25,8 @@ from aiocop._interception import loops as _loops
 from aiocop._reporting.logs import headline
 from aiocop._reporting.report import Summary
 from tests.conftest import Collector, bare_raise_on_violations, loop_factory, run_on
-from tests.stalls.test_watchdog import close_enough
-from tests.support import stalls
+from tests.support import cpu_waits, stalls
+from tests.support.cpu_waits import assert_close_enough
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -55,6 +55,7 @@ def watched(detector: Collector) -> Collector:
     ENDED.clear()
     aiocop.register_context_provider(lambda: {"request": REQUEST.get()})
     aiocop.detect_slow_tasks(threshold_ms=THRESHOLD_MS)
+    cpu_waits.start()
     return detector
 
 
@@ -314,7 +315,7 @@ def test_a_wait_after_a_quiet_second_is_timed_from_the_loops_wake_up(watched: Co
 
     true_ms = run_on("asyncio", main())
     (event,) = watched.settle(1)
-    assert close_enough(event.elapsed_ms, true_ms), (event.elapsed_ms, true_ms)
+    assert_close_enough(event.elapsed_ms, true_ms)
 
 
 @pytest.mark.skipif(bound_loop is None, reason="the stand-in is built on uvloop, not installable here")

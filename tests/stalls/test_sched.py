@@ -5,6 +5,8 @@ cannot be read. The watchdog's decisions on these readings are tested with them 
 
 from __future__ import annotations
 
+import hashlib
+import os
 import sys
 import threading
 import time
@@ -12,6 +14,7 @@ import time
 import pytest
 
 from aiocop._stalls import sched
+from tests.support import cpu_waits
 
 linux = pytest.mark.skipif(sys.platform != "linux", reason="/proc is Linux's")
 
@@ -113,3 +116,41 @@ def test_runnable_reads_the_state_after_the_commands_name(
 def test_queued_tells_nothing_of_a_line_it_cannot_read(monkeypatch: pytest.MonkeyPatch, schedstat: bytes) -> None:
     monkeypatch.setattr(sched, "_task_file", lambda native_id, name, size: schedstat)
     assert sched.queued(1) is None
+
+
+def _hash_for(cpu_s: float) -> None:
+    # C code that lets go of the GIL: two such threads on one CPU wait for it, not for the GIL.
+    block = b"x" * (1 << 20)
+    start = time.thread_time()
+    while time.thread_time() - start < cpu_s:
+        hashlib.sha256(block).digest()
+
+
+@linux
+def test_the_timing_tests_tolerance_grows_by_what_their_threads_waited_for_a_cpu() -> None:
+    """tests/support/cpu_waits.py: SPEC's bound where nothing waited, widened by the measured wait, which
+    counts threads that ended (`counted`)."""
+    cpu_waits.start()
+    cpu_waits.assert_close_enough(105.0, 100.0)
+    with pytest.raises(AssertionError, match=r"off by \+200\.0"):
+        cpu_waits.assert_close_enough(300.0, 100.0)
+
+    cpu = min(os.sched_getaffinity(0))
+    ready = threading.Barrier(2)
+
+    def burn() -> None:
+        with cpu_waits.counted():
+            os.sched_setaffinity(threading.get_native_id(), {cpu})
+            ready.wait()
+            _hash_for(0.06)
+
+    cpu_waits.start()
+    threads = [threading.Thread(target=burn) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    # Two threads runnable at once on one CPU: the one that finished last waited for the other's run.
+    waited = cpu_waits.waited_ms()
+    assert waited >= 40.0, waited
+    cpu_waits.assert_close_enough(100.0 + waited, 100.0)
