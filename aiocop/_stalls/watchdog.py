@@ -648,12 +648,12 @@ class Watchdog:
         if found is None:
             if state.own:
                 self._tick_seen(state)
-            before = _timing.last_seen(watch)[0]  # (read before the step is dropped)
+            before, cpu_before = _timing.last_seen(watch)  # (read before the step is dropped)
             if step is not None:
                 self._finish(watch, now, cpu, sure=bool(hold))
             state.step = None
             state.beat_posted = 0.0
-            _timing.remember_idle(watch, now, cpu, before)
+            _timing.remember_idle(watch, now, cpu, before, cpu_before)
             return False
         ident, root, innermost = found
         came_back = step is not None and _timing.loop_came_back(watch, now)
@@ -809,15 +809,15 @@ class Watchdog:
         # in it or, entering, in the step before.
         prev, cpu_prev = _timing.last_other(watch, step, came_back, now)
         woke = _woke_at(watch, ident, prev, now) if step is None else 0.0
-        # Seen between two steps of a busy loop's (no step, but its thread's
-        # clock had moved since the look before: `ran_at_last_look`), the
+        # Seen between two steps of a busy loop's (no step, but its thread
+        # ran most of the gap since the look before: `ran_at_last_look`), the
         # last look left the gap as shared as one that saw another step:
         # steps no look saw may have run in it before this one. Taken for
         # this step's alone, the gap's CPU read at a starved thread's pace
         # reaches back past them (6 ms at a fifth of a CPU: 30 ms). (Where
-        # the clock stood still between the two looks before, a starved
-        # thread between two steps is taken for a waiting loop: see
-        # docs/concepts/watchdog.md, "Its limits".)
+        # its thread used less than half the gap before that look, it ended
+        # a step and went back to wait, or was starved between two: taken
+        # for a waiting loop, see docs/concepts/watchdog.md, "Its limits".)
         after_other = (step is not None or _timing.ran_at_last_look(watch, None)) and not entering
         if step is not None:
             # Seen in another step, the gap is shared (Step.after_other),

@@ -1290,6 +1290,51 @@ def test_a_late_look_after_one_between_two_steps_counts_only_the_cpu_after_the_a
         assert (stall.start, stall.end) == (near(100.031), near(100.076))
 
 
+@pytest.mark.parametrize("tail", ["short", "busy"])
+def test_a_look_after_a_step_ended_is_not_between_two_steps(
+    rec: Recorded, frames: Frames, monkeypatch: pytest.MonkeyPatch, tail: str
+) -> None:
+    """A look saw step a, the next one no step: the clock moved between them by a's tail. A short tail (2 ms in a
+    10 ms gap) ended a and the loop went back to wait: a GIL hold then, found by a late look, counts all its CPU
+    and is reported (review: taken for a busy loop's, the CPU up to the ask was left out, and the 44 ms hold was
+    missed). Most of the gap (9 ms of 10) is a busy loop's between two of its steps."""
+    monkeypatch.setattr(sys, "getswitchinterval", lambda: 0.005)
+    looks = Looks()
+    a, b = frames.steps[0], frames.steps[1]
+    looks.at(99.990, 0.999, frames.idle)
+    looks.at(100.000, 1.000, a)
+    ran = 0.002 if tail == "short" else 0.009
+    looks.at(100.010, 1.000 + ran, frames.idle)
+    assert _timing.ran_at_last_look(looks.watch, None) is (tail == "busy")
+    late_look(looks, 100.040, 100.075, 1.044 + ran, 0.045, b, kept=(0.005, 8))
+    looks.at(100.077, 1.046 + ran, frames.idle)
+    if tail == "short":
+        [stall] = rec.stalls
+        assert (stall.start, stall.end) == (near(100.031), near(100.076))
+    else:
+        assert rec.stalls == []  # 14 ms beyond the ask: no hold shown
+
+
+def test_a_step_first_seen_after_a_look_after_a_step_ended_is_timed_from_its_own_cpu(
+    rec: Recorded, frames: Frames
+) -> None:
+    """Step a seen, then a look with no step after a's 3 ms tail, then step b on a whole CPU from 100.011 to
+    100.052: b is timed from its own CPU, not from the gap's middle (review: dated 100.020 at the earliest, as
+    after a busy loop's look between two steps, it was reported 9 ms short, or not at all)."""
+    looks = Looks()
+    a, b = frames.steps[0], frames.steps[1]
+    looks.at(99.990, 0.999, frames.idle)
+    looks.at(100.000, 1.000, a)
+    looks.at(100.010, 1.003, frames.idle)
+    looks.at(100.030, 1.022, b)
+    assert looks.step.after_other is False
+    for t, cpu in ((100.040, 1.032), (100.050, 1.042)):
+        looks.at(t, cpu, b)
+    looks.at(100.055, 1.044, frames.idle)
+    [stall] = rec.stalls
+    assert (stall.start, stall.end) == (near(100.011), near(100.052))
+
+
 def test_gil_held_step_on_a_machine_eight_times_oversubscribed(rec: Recorded, frames: Frames) -> None:
     """The loop's thread held the GIL 296 ms on 7 % of a CPU (21 ms of its clock); the watchdog, told it
     was blocked 196 ms and woke 50 times, takes it for a hold: one stall from when it asked."""
