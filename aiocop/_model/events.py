@@ -73,15 +73,16 @@ class CpuStackSample(_CpuStackSampleBase, total=False):
 
     The 1.x keys `trace`, `entry_point` and `count` are always present; `frames`
     (the trace as `(filename, lineno, function)` tuples) and `app_site` (the
-    innermost line of the application's own code in the stack) are added in 2.0;
-    `time_ms`, the loop time these samples stand for, in 2.1.
+    innermost line of the application's own code in the stack), and `time_ms`,
+    the loop time these samples stand for, are added in 2.0.
 
     `time_ms` adds up, for each sample of this stack, the time since the
     sample before it (for the step's first, since the step was known to
-    run). Samples come at a steady pace while Python code runs, so it
-    follows `count`; not where a C call held the GIL and kept the watchdog
-    out: the one sample taken as the call returned stands for the whole
-    hold. The flame graphs weigh stacks by it.
+    run: the step's head, half the threshold or more, goes to the first
+    sample's stack). Later samples come at a steady pace while Python code
+    runs, so it follows `count`; not where a C call held the GIL and kept
+    the watchdog out: the one sample taken as the call returned stands for
+    the whole hold. The flame graphs weigh stacks by it.
     """
 
     frames: list[tuple[str, int, str]]

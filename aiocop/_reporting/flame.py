@@ -64,7 +64,7 @@ def _stacks_of(step: dict[str, Any]) -> list[Stack]:
     sampled = [(n, sample) for n, sample in enumerate(step[SAMPLES]) if sample["frames"] and sample["count"] > 0]
     key = "ms" if sampled and all("ms" in sample for _, sample in sampled) else "count"
     total = sum(sample[key] for _, sample in sampled)
-    if not total and key == "ms":  # (times all 0: a step sampled once, at its very start)
+    if not total and key == "ms":  # (times all 0: only a report handed to `attach` can say so)
         key, total = "count", sum(sample["count"] for _, sample in sampled)
     if total:
         return [

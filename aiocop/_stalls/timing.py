@@ -362,11 +362,14 @@ def stopped_for(late: float, kept: Callable[[], tuple[float, int] | None]) -> fl
 
 
 def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
-    weighed = step.sample_s
-    # Most common first; each with the loop time its samples stand for.
+    # Most common first; each with the loop time its samples stand for. (Both
+    # copied at once: on the loop's thread, `_finish` may run while the
+    # watchdog's adds a sample, and a stack's time read after its count may
+    # take in one sample more.)
+    counts, weighed = dict(step.samples), dict(step.sample_s)
     samples = [
         (stack, count, weighed.get(stack, 0.0))
-        for stack, count in sorted(step.samples.items(), key=itemgetter(1), reverse=True)
+        for stack, count in sorted(counts.items(), key=itemgetter(1), reverse=True)
     ]
     top_waiting = bool(samples) and step.waiting.get(samples[0][0], 0) * 2 >= samples[0][1]
     return Stall(

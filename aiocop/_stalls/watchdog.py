@@ -698,9 +698,16 @@ class Watchdog:
         # loop thread's wait for a CPU (an os.pread) read only after, and
         # only if its CPU clock stood still (_stacks.sample).
         step.next_sample = now + sampling.interval_ms / 1000.0
-        if _stacks.full(step):
-            return
         walked = self._walked
+        if _stacks.full(step):
+            # Past the cap, a late look still weighs the hold it waited on,
+            # walked already (_held); an on-time look walks nothing, and its
+            # time goes unweighed as its sample goes uncounted.
+            if walked is not None and walked[0] is innermost:
+                _stacks.weigh_hold(step, walked[1], now)
+            else:
+                step.weighed_t = now
+            return
         stack = walked[1] if walked is not None and walked[0] is innermost else _stacks.stack_of(innermost, step.root)
         _stacks.sample(step, stack, now, cpu, lambda: _queued(watch), lambda: _runnable(watch))
 

@@ -90,6 +90,7 @@ def broken(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
         (("seconds",), True, "report.json.seconds: expected a number, got a boolean"),
         (("already_running",), 0, "report.json.already_running: expected true or false, got a number"),
         (("loops",), 2**60, "report.json.loops: expected a whole number from 0 to 2**53, got 1152921504606846976"),
+        (("loops",), 10**400, "report.json.loops: expected a whole number from 0 to 2**53, got a number of 401 digits"),
         (("events",), KeyError, "report.json: the key 'events' is missing"),
         (("worst_impact",), "extreme", "report.json.worst_impact: expected one of low, medium, high, got 'extreme'"),
         (("call_sites",), {}, "report.json.call_sites: expected an array, got an object"),
@@ -302,6 +303,14 @@ def test_hangs_and_steps_are_kept_and_a_hang_renders_as_run_prints_it() -> None:
         (("timeline", "steps", 0, "calls", 0, "weight"), "50", "report.json.timeline.steps[0].calls[0].weight:"),
         (("timeline", "steps", 0, "samples", 0, "ms"), -1.0, "report.json.timeline.steps[0].samples[0].ms: expected a"),
         (("timeline", "steps", 0, "samples", 0, "ms"), "5", "report.json.timeline.steps[0].samples[0].ms: expected a"),
+        (("timeline", "steps", 0, "samples", 0, "ms"), True, "report.json.timeline.steps[0].samples[0].ms: expected a"),
+        # (A whole number too large for a float: compared, not converted, and named by its length.)
+        (
+            ("timeline", "steps", 0, "samples", 0, "ms"),
+            10**400,
+            "report.json.timeline.steps[0].samples[0].ms: expected a finite number from 0 to 1e+12, got a number of "
+            "401 digits",
+        ),
         (("timeline", "steps"), [STEP] * 5001, "report.json.timeline.steps: more than 5000 items"),
         (("timeline", "steps", 0, "t0"), 20.0, "report.json.timeline.steps[0]: it ends (t1) before it starts (t0)"),
     ],

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import math
 from typing import TYPE_CHECKING, Any
 
 from aiocop._common.escape import printable
@@ -88,6 +87,12 @@ def _kind(value: object) -> str:
     return "an array" if isinstance(value, list) else "an object"
 
 
+def _shown(number: float) -> str:
+    # A number out of range, named in a message: a whole number of hundreds of digits only by its length.
+    text = repr(number)
+    return text if len(text) <= 24 else f"a number of {len(text.lstrip('-'))} digits"
+
+
 class _Fields:
     """Reads the fields of one JSON object, each checked, naming `where` in errors."""
 
@@ -120,8 +125,12 @@ class _Fields:
         value = self._get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self._bad(key, "a number", value)
-        if not (math.isfinite(value) and 0 <= value <= MAX_MS):
-            raise BadReportError(f"{self.where}.{key}: expected a finite number from 0 to {MAX_MS:g}, got {value!r}")
+        # (Compared, not converted: a whole number too large for a float makes math.isfinite raise
+        # OverflowError; NaN and the infinities fail the comparison too.)
+        if not 0 <= value <= MAX_MS:
+            raise BadReportError(
+                f"{self.where}.{key}: expected a finite number from 0 to {MAX_MS:g}, got {_shown(value)}"
+            )
         return float(value)
 
     def boolean(self, key: str) -> bool:
@@ -175,7 +184,7 @@ def _count(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise BadReportError(f"{where}: expected a whole number, got {_kind(value)}")
     if not 0 <= value <= MAX_COUNT:
-        raise BadReportError(f"{where}: expected a whole number from 0 to 2**53, got {value}")
+        raise BadReportError(f"{where}: expected a whole number from 0 to 2**53, got {_shown(value)}")
     return value
 
 
