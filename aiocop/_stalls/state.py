@@ -42,7 +42,6 @@ class LoopState:
         "probe_cpu",
         "probe_seen",
         "probe_started",
-        "ran_busy",
         "step",
         "tripped",
         "tripwire",
@@ -68,10 +67,6 @@ class LoopState:
         # yet): an idle loop's wait began then (_stalls/waits.py), and the
         # system call it waits in, read by the watchdog.
         self.last_ran: tuple[float, float] | None = None
-        # Whether the last look, which saw no step, found the thread busy since
-        # the look before (RAN_BUSY_SHARE of the gap or more): between two of
-        # a busy loop's steps, not waiting (timing.ran_at_last_look).
-        self.ran_busy = False
         self.wait: Wait | None = None
         # CPU time this thread spent in the loop-delay probe's ticks (with an
         # allowance for the loop's own work around each), added by the loop's

@@ -307,13 +307,14 @@ def held_from(
     the loop's last look (nor, the caller sees to it, before the loop woke
     for the step).
 
-    `busy_since_seen`: the loop's thread was running at its last look (in a
-    step, or between two: `ran_at_last_look`), so it may have used all the
-    CPU it could before the watchdog asked (`asked - seen`), Python code
-    included; only what it used beyond that counts towards the CPU a hold
-    needs (HELD_RAN_SWITCHES). A loop whose thread was waiting at its last
-    look used none until it woke, and when it woke is not known here: the
-    whole of `ran` counts.
+    `busy_since_seen`: the loop was in a step at its last look, so its thread
+    may have used all the CPU it could before the watchdog asked (`asked -
+    seen`), Python code included; only what it used beyond that counts
+    towards the CPU a hold needs (HELD_RAN_SWITCHES). A loop seen with no
+    step may have been waiting, and when it woke is not known here: the
+    whole of `ran` counts (a look between two steps of a busy loop and one
+    after a step's tail, the loop waiting again, look alike: see
+    docs/concepts/watchdog.md, "Its limits").
     """
     late = now - asked
     switch = sys.getswitchinterval()
@@ -454,31 +455,13 @@ def all_quiet(watches: dict[int, LoopWatch]) -> bool:
     return True
 
 
-# The share of a CPU a loop's thread used between a look and the next one,
-# which saw no step, from which it counts as having been running at that
-# look: between two of a busy loop's steps (a task that keeps yielding ran
-# 10 ms of 10). Less, the step seen before ended within the gap and the loop
-# went back to wait (a step's 2 ms tail in a 10 ms gap): taken for a busy
-# loop, a GIL hold right after lost the CPU up to the watchdog's ask and was
-# missed, and a step right after was dated from the gap's middle (review).
-# A busy loop starved to less than this share is taken for one that waited
-# (docs/concepts/watchdog.md, "Its limits").
-RAN_BUSY_SHARE = 0.5
-
-
-def remember_idle(
-    watch: LoopWatch, now: float, cpu: float | None, before: float, cpu_before: float | None = None
-) -> None:
-    """A look at `now` saw the loop idle, its thread's CPU clock at `cpu`; the look before it was at `before`,
-    the clock then at `cpu_before`."""
+def remember_idle(watch: LoopWatch, now: float, cpu: float | None, before: float) -> None:
+    """A look at `now` saw the loop idle, its thread's CPU clock at `cpu`; the look before it was at `before`."""
     state = state_of(watch)
     if cpu is None or state.idle_cpu is None:
         state.last_ran = None  # (first seen idle: when its wait began is not known)
     elif cpu != state.idle_cpu:
         state.last_ran = (before, now)  # it ran since the last look, and waits again
-    state.ran_busy = (
-        cpu is not None and cpu_before is not None and cpu - cpu_before >= RAN_BUSY_SHARE * (now - before) > 0.0
-    )
     state.idle_t = now
     state.idle_cpu = cpu
 
@@ -519,21 +502,6 @@ def woke_at(ident: object, idle_since: float, now: float) -> float:
         return 0.0
     woke = noted + _MONOTONIC_TO_PERF
     return woke if idle_since < woke <= now else 0.0
-
-
-def ran_at_last_look(watch: LoopWatch, step: Step | None) -> bool:
-    """Whether the loop's thread was running at the last look at it (which saw `step`): in a step, or between two.
-
-    A look that sees no step of a busy loop's (the loop's own code between
-    two callbacks, a C loop's next turn) finds that its thread used most of
-    the gap since the look before (`RAN_BUSY_SHARE`); one that ended a step
-    and went back to wait used its tail, and an idle one none.
-    """
-    if step is not None:
-        return True
-    state = state_of(watch)
-    ran = state.last_ran
-    return state.ran_busy and ran is not None and ran[1] == state.idle_t
 
 
 def last_seen(watch: LoopWatch) -> tuple[float, float | None]:

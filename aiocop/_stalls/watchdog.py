@@ -637,23 +637,19 @@ class Watchdog:
         # hold this look waited on was the step's before it: what the loop's
         # thread ran since the last look was that step's tail, to this look.
         entering = found is None or (found[2] is found[1] and _stacks.entering(found[2]))
-        # (Whether the loop's thread was running at the last look: read before _held's reads let go of the GIL,
-        # as a loop stopping meanwhile clears its step.)
-        hold = (
-            self._held(watch, found, entering, now, cpu, _timing.ran_at_last_look(watch, step))
-            if self._due and (found or step)
-            else 0.0
-        )
+        # (Whether the loop was in a step at the last look: read before _held's reads let go of the GIL, as a loop
+        # stopping meanwhile clears its step.)
+        hold = self._held(watch, found, entering, now, cpu, step is not None) if self._due and (found or step) else 0.0
         held = 0.0 if entering else hold
         if found is None:
             if state.own:
                 self._tick_seen(state)
-            before, cpu_before = _timing.last_seen(watch)  # (read before the step is dropped)
+            before = _timing.last_seen(watch)[0]  # (read before the step is dropped)
             if step is not None:
                 self._finish(watch, now, cpu, sure=bool(hold))
             state.step = None
             state.beat_posted = 0.0
-            _timing.remember_idle(watch, now, cpu, before, cpu_before)
+            _timing.remember_idle(watch, now, cpu, before)
             return False
         ident, root, innermost = found
         came_back = step is not None and _timing.loop_came_back(watch, now)
@@ -790,12 +786,11 @@ class Watchdog:
         kept = self._own_scheduling()
         proc = self._proc_ran
         others = None if proc is None or cpu is None or cpu_seen is None else proc - (cpu - cpu_seen)
-        # `busy`: running at its last look (in a step, or between two), the
-        # loop's thread may have run Python code up to the ask: a thread
-        # preempted while that code held the GIL kept this look out as a C
-        # call would (a 31-49 ms stall of 5 ms steps, with the timing tests
-        # and two `yes` beside them; 63 ms once where the last look fell
-        # between two steps).
+        # `busy`: in a step at its last look (read before this look let go of
+        # the GIL), the loop's thread may have run Python code up to the ask:
+        # a thread preempted while that code held the GIL kept this look out as
+        # a C call would (a 31-49 ms stall of 5 ms steps, with the timing tests
+        # and two `yes` beside them).
         return _timing.held_from(asked, now, seen, cpu_seen, cpu, others, kept, busy_since_seen=busy)
 
     def _new_step(
@@ -816,16 +811,11 @@ class Watchdog:
         # in it or, entering, in the step before.
         prev, cpu_prev = _timing.last_other(watch, step, came_back, now)
         woke = _woke_at(watch, ident, prev, now) if step is None else 0.0
-        # Seen between two steps of a busy loop's (no step, but its thread
-        # ran most of the gap since the look before: `ran_at_last_look`), the
-        # last look left the gap as shared as one that saw another step:
-        # steps no look saw may have run in it before this one. Taken for
-        # this step's alone, the gap's CPU read at a starved thread's pace
-        # reaches back past them (6 ms at a fifth of a CPU: 30 ms). (Where
-        # its thread used less than half the gap before that look, it ended
-        # a step and went back to wait, or was starved between two: taken
-        # for a waiting loop, see docs/concepts/watchdog.md, "Its limits".)
-        after_other = (step is not None or _timing.ran_at_last_look(watch, None)) and not entering
+        # (A look that saw no step may have fallen between two steps of a busy
+        # loop, or after a step's tail, the loop waiting again: its thread's
+        # clock cannot tell which, and the gap's CPU is this step's, as after
+        # a waiting loop; see docs/concepts/watchdog.md, "Its limits".)
+        after_other = step is not None and not entering
         if step is not None:
             # Seen in another step, the gap is shared (Step.after_other),
             # unless this one has not begun: then it is all the step

@@ -1239,80 +1239,27 @@ def test_held_from_counts_only_the_cpu_a_busy_loop_used_after_the_watchdog_asked
     assert held(100.040, 100.075, 100.000, 1.000, 1.045, 0.001, (0.005, 8), busy_since_seen=True) == 0.0
 
 
-@pytest.mark.parametrize("ran_between", [True, False], ids=["busy-between-steps", "idle"])
-def test_a_step_first_seen_after_a_look_between_two_steps_shares_the_gap(
-    rec: Recorded, frames: Frames, ran_between: bool
-) -> None:
-    """The last look fell between two steps of a busy loop (no step seen, its thread's clock moved since the look
-    before): the CPU up to this step's first sighting may be steps no look saw as well as its head, as after a look
-    that saw another step (`after_other`). Its start is then no earlier than the gap's middle, and it is decided
-    from its first sighting; taken for its head alone, 6 ms of CPU at a fifth of a CPU put it at the idle look,
-    merging earlier steps into it (5 ms steps of one task reported as 30-37 ms stalls, uvloop, 3.14, a busy machine).
-    After a look that found the loop waiting (its clock still), the gap's CPU is this step's, as before."""
-    looks = Looks()
-    a = frames.steps[0]
-    looks.at(100.000, 1.000, frames.idle)
-    looks.at(100.004, 1.003 if ran_between else 1.000, frames.idle)
-    looks.at(100.027, 1.0093, a)
-    looks.at(100.035, 1.0116, a)  # 2.3 ms of CPU in 8 ms: the thread on 29 % of a CPU
-    s = looks.step
-    assert s.after_other is ran_between
-    began = 100.027 - (1.0093 - (1.003 if ran_between else 1.000)) / (0.0023 / 0.008)
-    if ran_between:
-        assert (s.start(), s.known_since()) == (near(max(began, (100.004 + 100.027) / 2)), 100.027)
-    else:
-        assert s.start() == s.known_since() == near(max(began, 100.004))
-
-
-@pytest.mark.parametrize("ran_between", [True, False], ids=["busy-between-steps", "idle"])
-def test_a_late_look_after_one_between_two_steps_counts_only_the_cpu_after_the_ask(
-    rec: Recorded, frames: Frames, monkeypatch: pytest.MonkeyPatch, ran_between: bool
-) -> None:
-    """A busy loop's last look can fall between two of its steps: no step seen, but its thread's CPU clock moved
-    since the look before. It was running, and may have run Python code up to the watchdog's ask as a loop seen
-    in a step may: only the CPU beyond that shows a hold (a 63 ms stall of steps the task timed at 8 ms at most,
-    uvloop, in CI). A loop whose clock stood still between its last two looks was waiting: all its CPU counts."""
-    monkeypatch.setattr(sys, "getswitchinterval", lambda: 0.005)
-    looks = Looks()
-    a = frames.steps[0]
-    looks.at(100.000, 1.000, frames.idle)
-    looks.at(100.010, 1.010 if ran_between else 1.000, frames.idle)
-    # Asked at 100.040, 30 ms after the last look; got the GIL 35 ms late; the loop's thread used 44 ms of CPU
-    # (14 ms beyond the ask, if it ran all along: under 3 switch intervals).
-    cpu = 1.054 if ran_between else 1.044
-    late_look(looks, 100.040, 100.075, cpu, 0.045, a, kept=(0.005, 8))
-    assert bool(looks.step.held) is not ran_between
-    looks.at(100.077, cpu + 0.002, frames.idle)
-    if ran_between:
-        assert rec.stalls == []  # a step first seen at 100.075, over by 100.077
-    else:
-        [stall] = rec.stalls  # held from where its CPU clock puts the start: 44 ms before the look
-        assert (stall.start, stall.end) == (near(100.031), near(100.076))
-
-
-@pytest.mark.parametrize("tail", ["short", "busy"])
-def test_a_look_after_a_step_ended_is_not_between_two_steps(
+@pytest.mark.parametrize("tail", ["short", "long", "still"])
+def test_a_late_look_after_a_look_that_saw_no_step_counts_all_the_cpu(
     rec: Recorded, frames: Frames, monkeypatch: pytest.MonkeyPatch, tail: str
 ) -> None:
-    """A look saw step a, the next one no step: the clock moved between them by a's tail. A short tail (2 ms in a
-    10 ms gap) ended a and the loop went back to wait: a GIL hold then, found by a late look, counts all its CPU
-    and is reported (review: taken for a busy loop's, the CPU up to the ask was left out, and the 44 ms hold was
-    missed). Most of the gap (9 ms of 10) is a busy loop's between two of its steps."""
+    """A look saw step a, the next one no step, a's tail of 2 or 8 ms in the 10 ms gap moving the clock (or none):
+    the loop waits again, and a 44 ms GIL hold right after, found by a late look, counts all its CPU and is
+    reported. A look between two steps of a busy loop looks the same by the clock; taken for one (the clock moved
+    since the look before), the CPU up to the ask was left out and this hold was missed (review), so it is not:
+    docs/concepts/watchdog.md, "Its limits"."""
     monkeypatch.setattr(sys, "getswitchinterval", lambda: 0.005)
     looks = Looks()
     a, b = frames.steps[0], frames.steps[1]
     looks.at(99.990, 0.999, frames.idle)
     looks.at(100.000, 1.000, a)
-    ran = 0.002 if tail == "short" else 0.009
+    ran = {"short": 0.002, "long": 0.008, "still": 0.0}[tail]
     looks.at(100.010, 1.000 + ran, frames.idle)
-    assert _timing.ran_at_last_look(looks.watch, None) is (tail == "busy")
     late_look(looks, 100.040, 100.075, 1.044 + ran, 0.045, b, kept=(0.005, 8))
+    assert looks.step.held == near(100.031)
     looks.at(100.077, 1.046 + ran, frames.idle)
-    if tail == "short":
-        [stall] = rec.stalls
-        assert (stall.start, stall.end) == (near(100.031), near(100.076))
-    else:
-        assert rec.stalls == []  # 14 ms beyond the ask: no hold shown
+    [stall] = rec.stalls
+    assert (stall.start, stall.end) == (near(100.031), near(100.076))
 
 
 def test_a_step_first_seen_after_a_look_after_a_step_ended_is_timed_from_its_own_cpu(
