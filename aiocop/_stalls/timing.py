@@ -363,10 +363,11 @@ def stopped_for(late: float, kept: Callable[[], tuple[float, int] | None]) -> fl
 
 
 def stall_of(step: Step, start: float, end: float, watch: LoopWatch) -> Stall:
-    # Most common first; each with the loop time its samples stand for. (Both
-    # copied at once: on the loop's thread, `_finish` may run while the
-    # watchdog's adds a sample, and a stack's time read after its count may
-    # take in one sample more.)
+    # Most common first; each with the loop time its samples stand for.
+    # (Copied before use: on the loop's thread, `_finish` may run while the
+    # watchdog's adds a sample. A sample added between the two copies is in
+    # the times only: a stack's time may take in one sample more than its
+    # count, and a stack new then is left out.)
     counts, weighed = dict(step.samples), dict(step.sample_s)
     samples = [
         (stack, count, weighed.get(stack, 0.0))

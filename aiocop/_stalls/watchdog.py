@@ -672,7 +672,7 @@ class Watchdog:
                 # can still be one (see _finish).
                 step.task = _attribution.StalledTask.of(watch.loop, root, seen_task)
             if now >= step.next_sample:
-                self._sample(watch, step, innermost, now, cpu)
+                self._sample(watch, step, innermost, now, cpu, bool(held))
         self._walked = None  # (keeps no frame of the loop's alive until the next look)
         proven = True
         if ident is root:
@@ -688,7 +688,9 @@ class Watchdog:
             self._stalled(watch, step, innermost, now, age, bool(held))
         return True
 
-    def _sample(self, watch: LoopWatch, step: Step, innermost: FrameType, now: float, cpu: float | None) -> None:
+    def _sample(
+        self, watch: LoopWatch, step: Step, innermost: FrameType, now: float, cpu: float | None, held: bool = False
+    ) -> None:
         # One sample of the stack the look saw: walked before anything lets
         # go of the GIL, or walked already by a late look (_held), and the
         # loop thread's wait for a CPU (an os.pread) read only after, and
@@ -696,10 +698,11 @@ class Watchdog:
         step.next_sample = now + sampling.interval_ms / 1000.0
         walked = self._walked
         if _stacks.full(step):
-            # Past the cap, a late look still weighs the hold it waited on,
-            # walked already (_held); an on-time look walks nothing, and its
-            # time goes unweighed as its sample goes uncounted.
-            if walked is not None and walked[0] is innermost:
+            # Past the cap, a look that waited on a hold (`held`) still weighs
+            # it, walked already (_held); any other walks nothing, and its time
+            # goes unweighed as its sample goes uncounted (a look late only
+            # because the machine kept the watchdog waiting stands for no hold).
+            if held and walked is not None and walked[0] is innermost:
                 _stacks.weigh_hold(step, walked[1], now)
             else:
                 step.weighed_t = now

@@ -1343,8 +1343,8 @@ def test_own_scheduling_is_read_only_by_a_late_look_after_the_step_is_walked(
 def test_a_hold_past_the_sample_cap_is_still_weighed(rec: Recorded, frames: Frames) -> None:
     """A step samples Python code in a for 400 ms (40 looks, past the cap of 32 samples), then a C call at b holds
     the GIL 2.4 s: the late look at its end, which walked b's stack already, still weighs it, counted once, so the
-    flame graphs rank b first (review: dropped past the cap, all 2.8 s went to a). An on-time look past the cap
-    walks nothing and weighs nothing."""
+    flame graphs rank b first (review: dropped past the cap, all 2.8 s went to a). Any other look past the cap,
+    on time or late only because the watchdog was kept waiting, weighs nothing."""
     looks = Looks()
     a, b = frames.steps[0], frames.idle  # (b: any other stack; the steps' frames share their line)
     s = step(99.999, 100.000, 100.000, 1.0, 1.0, 1.0)
@@ -1354,10 +1354,11 @@ def test_a_hold_past_the_sample_cap_is_still_weighed(rec: Recorded, frames: Fram
     stack_a = _stacks.stack_of(a, a)
     assert _stacks.full(s) and s.samples == {stack_a: sampling.max_samples_per_slice}
     looks.dog._walked = (b, _stacks.stack_of(b, b))  # (as _held walks a late look's stack)
-    looks.dog._sample(looks.watch, s, b, 100.405 + 2.4, None)
+    looks.dog._sample(looks.watch, s, b, 100.415, None)  # late only for a starved watchdog: weighs nothing
+    looks.dog._sample(looks.watch, s, b, 100.415 + 2.4, None, held=True)
     looks.dog._walked = None
-    looks.dog._sample(looks.watch, s, a, 102.815, None)
-    by_stack = {stack: (count, ms) for stack, count, ms in _timing.stall_of(s, 100.0, 102.82, looks.watch).samples}
+    looks.dog._sample(looks.watch, s, a, 102.825, None)
+    by_stack = {stack: (count, ms) for stack, count, ms in _timing.stall_of(s, 100.0, 102.83, looks.watch).samples}
     assert by_stack == {stack_a: (32, near(0.325)), _stacks.stack_of(b, b): (1, near(2.4))}
 
 

@@ -90,7 +90,9 @@ def _kind(value: object) -> str:
 def _shown(number: float) -> str:
     # A number out of range, named in a message: a whole number of hundreds of digits only by its length.
     text = repr(number)
-    return text if len(text) <= 24 else f"a number of {len(text.lstrip('-'))} digits"
+    if len(text) <= 24:
+        return text
+    return f"{'a negative' if number < 0 else 'a'} number of {len(text.lstrip('-'))} digits"
 
 
 class _Fields:
@@ -131,7 +133,7 @@ class _Fields:
             raise BadReportError(
                 f"{self.where}.{key}: expected a finite number from 0 to {MAX_MS:g}, got {_shown(value)}"
             )
-        return float(value)
+        return float(value) + 0.0  # (+ 0.0: -0.0 is 0)
 
     def boolean(self, key: str) -> bool:
         value = self._get(key)
