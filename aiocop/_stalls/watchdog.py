@@ -829,13 +829,12 @@ class Watchdog:
         # in it or, entering, in the step before.
         prev, cpu_prev = _timing.last_other(watch, step, came_back, now)
         woke = _woke_at(watch, ident, prev, now) if step is None else 0.0
-        # Seen after a look that found the loop's thread running between two
-        # steps (`ran_at_last_look`), the gap is as shared as after a look
-        # that saw another step: steps no look saw may have run in it before
-        # this one. Taken for this step's alone, the gap's CPU read at a
-        # starved thread's pace reached back past them (5 ms steps of one
-        # task made 35-37 ms stalls dated from that look, 3.10, two `yes`).
-        after_other = (step is not None or _timing.ran_at_last_look(watch, None)) and not entering
+        # (After a look that found the loop's thread running between two
+        # steps, the gap's CPU is still this step's: shared as after another
+        # step's, a stall right after a short step of another task was decided
+        # from its first sighting, and missed at 1.5x the threshold on a busy
+        # machine, uvloop, 2 in 44; steps no look saw may be taken into it.)
+        after_other = step is not None and not entering
         if step is not None:
             # Seen in another step, the gap is shared (Step.after_other),
             # unless this one has not begun: then it is all the step

@@ -1279,14 +1279,14 @@ def test_a_late_look_after_a_look_that_saw_no_step(
 
 
 @pytest.mark.parametrize("runnable", [True, False], ids=["busy-between-steps", "waiting"])
-def test_a_step_first_seen_after_a_look_between_two_steps_shares_the_gap(
+def test_a_step_first_seen_after_a_look_that_saw_no_step_has_the_gaps_cpu(
     rec: Recorded, frames: Frames, monkeypatch: pytest.MonkeyPatch, runnable: bool
 ) -> None:
-    """The last look saw no step, its thread runnable, the clock moved: between two steps of a busy loop. The CPU
-    up to this step's first sighting may be steps no look saw as well as its head, as after a look that saw
-    another step (`after_other`): its start no earlier than the gap's middle, decided from its first sighting
-    (taken for its head alone, 6 ms of CPU at a fifth of a CPU put it at that look, merging earlier steps into
-    it). After a look that found the loop asleep in its poll, the gap's CPU is this step's."""
+    """The last look saw no step, the clock moved: its thread runnable (between two steps of a busy loop) or
+    asleep in its poll. Either way the CPU up to this step's first sighting is counted as its head, and the stall
+    is decided from there. Shared as after a look that saw another step (`after_other`: no earlier than the gap's
+    middle, decided from the first sighting), a stall right after a short step of another task was missed at 1.5x
+    the threshold on a busy machine (uvloop, 2 in 44); steps no look saw may be taken into it (docs)."""
     monkeypatch.setattr(_watchdog, "_runnable", lambda watch: runnable)
     looks = Looks()
     a = frames.steps[0]
@@ -1295,12 +1295,9 @@ def test_a_step_first_seen_after_a_look_between_two_steps_shares_the_gap(
     looks.at(100.027, 1.0093, a)
     looks.at(100.035, 1.0116, a)  # 2.3 ms of CPU in 8 ms: the thread on 29 % of a CPU
     s = looks.step
-    assert s.after_other is runnable
+    assert s.after_other is False
     began = 100.027 - (1.0093 - 1.003) / (0.0023 / 0.008)
-    if runnable:
-        assert (s.start(), s.known_since()) == (near(max(began, (100.004 + 100.027) / 2)), 100.027)
-    else:
-        assert s.start() == s.known_since() == near(max(began, 100.004))
+    assert s.start() == s.known_since() == near(max(began, 100.004))
 
 
 def test_a_step_first_seen_after_a_look_after_a_step_ended_is_timed_from_its_own_cpu(
