@@ -33,7 +33,6 @@ class LoopState:
         "armed",
         "beat_done",
         "beat_posted",
-        "busy_at",
         "idle_cpu",
         "idle_t",
         "last_io",
@@ -68,9 +67,6 @@ class LoopState:
         # yet): an idle loop's wait began then (_stalls/waits.py), and the
         # system call it waits in, read by the watchdog.
         self.last_ran: tuple[float, float] | None = None
-        # The last look that saw no step but found its thread running between
-        # two steps (0: none; `timing.ran_at_last_look`).
-        self.busy_at = 0.0
         self.wait: Wait | None = None
         # CPU time this thread spent in the loop-delay probe's ticks (with an
         # allowance for the loop's own work around each), added by the loop's

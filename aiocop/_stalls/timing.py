@@ -307,13 +307,14 @@ def held_from(
     the loop's last look (nor, the caller sees to it, before the loop woke
     for the step).
 
-    `busy_since_seen`: the loop was running at its last look, so its thread
+    `busy_since_seen`: the loop was in a step at its last look, so its thread
     may have used all the CPU it could before the watchdog asked (`asked -
     seen`), Python code included; only what it used beyond that counts
-    towards the CPU a hold needs (HELD_RAN_SWITCHES). So too where the last
-    look saw no step but found the thread running between two steps
-    (`ran_at_last_look`). A loop that was waiting used none until it woke,
-    and when it woke is not known here: the whole of `ran` counts.
+    towards the CPU a hold needs (HELD_RAN_SWITCHES). A loop seen with no
+    step may have been waiting, and when it woke is not known here: the
+    whole of `ran` counts (a look between two steps of a busy loop and one
+    after a step's tail, the loop waiting again, look alike: see
+    docs/concepts/watchdog.md, "Its limits").
     """
     late = now - asked
     switch = sys.getswitchinterval()
@@ -502,20 +503,6 @@ def woke_at(ident: object, idle_since: float, now: float) -> float:
         return 0.0
     woke = noted + _MONOTONIC_TO_PERF
     return woke if idle_since < woke <= now else 0.0
-
-
-def ran_at_last_look(watch: LoopWatch, step: Step | None) -> bool:
-    """Whether the loop's thread was running at the last look at it (which saw `step`): in a step, or between two.
-
-    A look that saw no step, the thread's clock moved since the look before,
-    found it between two steps of a busy loop or back in its wait after a
-    step's tail: the clock cannot tell which, its state at that look does
-    (`LoopState.busy_at`, set by the watchdog).
-    """
-    if step is not None:
-        return True
-    state = state_of(watch)
-    return bool(state.busy_at) and state.busy_at == state.idle_t
 
 
 def last_seen(watch: LoopWatch) -> tuple[float, float | None]:

@@ -637,34 +637,19 @@ class Watchdog:
         # hold this look waited on was the step's before it: what the loop's
         # thread ran since the last look was that step's tail, to this look.
         entering = found is None or (found[2] is found[1] and _stacks.entering(found[2]))
-        # (Whether the loop's thread was running at the last look: read before _held's reads let go of the GIL,
-        # as a loop stopping meanwhile clears its step.)
-        hold = (
-            self._held(watch, found, entering, now, cpu, _timing.ran_at_last_look(watch, step))
-            if self._due and (found or step)
-            else 0.0
-        )
+        # (Whether the loop was in a step at the last look: read before _held's reads let go of the GIL, as a loop
+        # stopping meanwhile clears its step.)
+        hold = self._held(watch, found, entering, now, cpu, step is not None) if self._due and (found or step) else 0.0
         held = 0.0 if entering else hold
         if found is None:
             if state.own:
                 self._tick_seen(state)
-            before, cpu_before = _timing.last_seen(watch)  # (read before the step is dropped)
+            before = _timing.last_seen(watch)[0]  # (read before the step is dropped)
             if step is not None:
                 self._finish(watch, now, cpu, sure=bool(hold))
             state.step = None
             state.beat_posted = 0.0
             _timing.remember_idle(watch, now, cpu, before)
-            # Between two steps of a busy loop, or back in its wait after a
-            # step's tail? Its clock moved since the look before either way.
-            # Its thread's state tells: asleep in its poll, or runnable (this
-            # read lets go of the GIL, and a busy loop's thread takes it back
-            # and runs). Taken for busy by its clock alone, a look after a 2 ms
-            # tail made a 44 ms GIL hold right after it no stall; taken for
-            # waiting, a busy loop's thread preempted holding the GIL after
-            # such a look made a false one (5 ms steps of one task, 3.10, two
-            # `yes` beside: 6 rounds in 250). Read only where the clock moved.
-            moved = cpu is not None and cpu_before is not None and cpu != cpu_before
-            state.busy_at = now if moved and _runnable(watch) is True else 0.0
             return False
         ident, root, innermost = found
         came_back = step is not None and _timing.loop_came_back(watch, now)
@@ -829,11 +814,10 @@ class Watchdog:
         # in it or, entering, in the step before.
         prev, cpu_prev = _timing.last_other(watch, step, came_back, now)
         woke = _woke_at(watch, ident, prev, now) if step is None else 0.0
-        # (After a look that found the loop's thread running between two
-        # steps, the gap's CPU is still this step's: shared as after another
-        # step's, a stall right after a short step of another task was decided
-        # from its first sighting, and missed at 1.5x the threshold on a busy
-        # machine, uvloop, 2 in 44; steps no look saw may be taken into it.)
+        # (A look that saw no step may have fallen between two steps of a busy
+        # loop, or after a step's tail, the loop waiting again: its thread's
+        # clock cannot tell which, and the gap's CPU is this step's, as after
+        # a waiting loop; see docs/concepts/watchdog.md, "Its limits".)
         after_other = step is not None and not entering
         if step is not None:
             # Seen in another step, the gap is shared (Step.after_other),
