@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
 import re
@@ -82,6 +81,12 @@ import tempfile
 import threading
 import traceback
 from typing import TYPE_CHECKING, Any, NamedTuple
+
+# benchmarks/quiet_watchdog.py, beside this file: the children run this file as a script (its directory first on
+# sys.path), the tests load it by its path (its directory added last, after everything it could shadow).
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+import quiet_watchdog
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -256,7 +261,8 @@ def child(mode: str, scenario: str, loop_name: str, tasks: int) -> None:
         if mode == "inert":
             aiocop.deactivate()
         if mode == "watchdog":
-            _watch_slowly(aiocop)
+            aiocop.detect_slow_tasks(threshold_ms=WATCHDOG_THRESHOLD_MS)
+            quiet_watchdog.watch_slowly()
     body = BODIES[scenario]
 
     async def run(count: int) -> None:
@@ -456,8 +462,6 @@ BLOCKBUSTER_SCENARIOS = ("stat", "getcwd", "file_read", "handler", "pure")
 # valgrind's speed (50-100 times slower), so that no stall is ever reported;
 # the loop thread's work per step does not depend on it.
 WATCHDOG_THRESHOLD_MS = 60_000
-# How often the watchdog looks at the loop in the table's runs (see table_child).
-WATCHDOG_LOOK_S = 20.0
 TABLE_TASKS = 400
 TABLE_BATCH = 200
 BUDGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "budgets.toml")
@@ -498,25 +502,6 @@ def _check_delivered(mode: str, loop_name: str, scenario: str, delivered: int, c
         sys.exit(f"{mode}/{scenario} on {loop_name}: {delivered} events delivered, expected {expected}")
 
 
-def _watch_slowly(aiocop: Any) -> None:
-    aiocop.detect_slow_tasks(threshold_ms=WATCHDOG_THRESHOLD_MS)
-    # Each look of the watchdog takes the GIL from the loop's thread, and
-    # the hand-over costs that thread instructions at moments set by the
-    # clock, which valgrind's slowdown and the machine's load move: up to
-    # 4 % of a figure between runs at the default 2 ms, and still up to
-    # 9 % at one look a second on a loaded machine, where a region lasts
-    # a minute (file read on asyncio: +66.4 k in one full table, +60.7 k
-    # in the next). Here it looks every WATCHDOG_LOOK_S: the loop thread's own
-    # work for the watchdog stays in every figure, the polling's share is
-    # benchmarks/watchdog_busy_cost.py's.
-    from aiocop._stalls import settings as _settings
-    from aiocop._stalls import watchdog as _watchdog
-
-    _settings.sampling.busy_poll_ms = WATCHDOG_LOOK_S * 1000.0
-    _settings.sampling.idle_interval_ms = WATCHDOG_LOOK_S * 1000.0
-    _watchdog._FAST_IDLE_S = WATCHDOG_LOOK_S
-
-
 def _set_up_table_mode(mode: str, counted: list[int]) -> Any:
     """Switch on what `mode` measures in a table child; aiocop's module when it is aiocop's mode, else None."""
     global CAUGHT, SCOPE
@@ -531,7 +516,8 @@ def _set_up_table_mode(mode: str, counted: list[int]) -> Any:
 
         aiocop.start_blocking_io_detection(trace_depth=5)
         aiocop.register_slow_task_callback(lambda event: counted.__setitem__(0, counted[0] + 1))
-        _watch_slowly(aiocop)
+        aiocop.detect_slow_tasks(threshold_ms=WATCHDOG_THRESHOLD_MS)
+        quiet_watchdog.watch_slowly()
         SCOPE = aiocop.allow_blocking
         if mode == "otel":
             from opentelemetry.sdk.metrics import MeterProvider
@@ -539,7 +525,16 @@ def _set_up_table_mode(mode: str, counted: list[int]) -> Any:
 
             from aiocop.opentelemetry import AiocopInstrumentor
 
-            AiocopInstrumentor().instrument(meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]))
+            # Its loop-delay probe ticks on the loop every probe_interval_ms
+            # of the clock: as many ticks in a region as its length in
+            # seconds, which valgrind and the load set (+2 % on a loaded
+            # machine). A per-second cost, like the watchdog's looks: its
+            # probe is kept, with its work at each event, but ticks no
+            # more inside the regions.
+            AiocopInstrumentor().instrument(
+                meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]),
+                probe_interval_ms=quiet_watchdog.LOOK_S * 1000.0,
+            )
     elif mode == "floor":
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import floor_detector
@@ -560,6 +555,29 @@ def table_child(mode: str, loop_name: str, tasks: int, scenarios: list[str]) -> 
             await asyncio.gather(*(body() for _ in range(TABLE_BATCH)))
         await asyncio.sleep(0)  # the last batch's delivery
 
+    markers = quiet_watchdog.Markers()
+
+    async def scenario_run(scenario: str, body: Any) -> None:
+        # One run of the loop per scenario: a loop's start and stop wake the
+        # watchdog, and their looks must fall outside the regions.
+        await run(body, 2 * TABLE_BATCH)  # warm-up: caches, lazy imports, specialisation
+
+        async def regions() -> None:
+            markers.mark()  # callgrind dumps at each marker
+            await run(body, tasks)
+            markers.mark()
+            await run(body, 2 * tasks)
+            markers.mark()
+
+        await quiet_watchdog.counted(
+            scenario,
+            f"{mode}/{scenario} on {loop_name}",
+            aiocop is not None,
+            markers,
+            regions,
+            lambda: counted.__setitem__(0, 0),
+        )
+
     loop = asyncio.new_event_loop() if loop_name == "asyncio" else __import__(loop_name).new_event_loop()
     if mode == "aiocop1":
         _set_up_aiocop1(loop, counted)
@@ -573,19 +591,7 @@ def table_child(mode: str, loop_name: str, tasks: int, scenarios: list[str]) -> 
         if aiocop is None and scenario in ("allowed", "allow_scope"):
             body = _stat  # the same call, with no aiocop to allow it
         rule = aiocop.add_allow_rule("os.stat", module=__name__) if aiocop and scenario == "allowed" else None
-        loop.run_until_complete(run(body, 2 * TABLE_BATCH))  # warm-up: caches, lazy imports, specialisation
-        counted[0] = 0
-        # A full collection traverses every object of the process: one that
-        # falls in one region and not the other would add a lump of millions
-        # of instructions. Frozen, the start-up's objects are never traversed
-        # again; what the tasks allocate is still collected as usual.
-        gc.collect()
-        gc.freeze()
-        os.getppid()  # marker: callgrind dumps here
-        loop.run_until_complete(run(body, tasks))
-        os.getppid()
-        loop.run_until_complete(run(body, 2 * tasks))
-        os.getppid()
+        loop.run_until_complete(scenario_run(scenario, body))
         if rule is not None:
             aiocop.remove_allow_rule(rule)
         _check_delivered(mode, loop_name, scenario, counted[0], 3 * tasks, aiocop is not None or mode == "floor")
@@ -666,8 +672,9 @@ def _regions(mode: str, loop_name: str, scenarios: list[str], tasks: int, path: 
             if totals is None:
                 sys.exit(f"no totals in callgrind's {name}")
             parts[int(match.group(1))] = int(totals.group(1))
-    if len(parts) != 3 * len(scenarios):
-        sys.exit(f"{len(parts)} callgrind dumps for {len(scenarios)} scenarios, expected {3 * len(scenarios)}")
+    firsts = quiet_watchdog.kept(done.stdout, scenarios)
+    if sorted(parts) != list(range(1, len(parts) + 1)) or any(first + 2 not in parts for first in firsts.values()):
+        sys.exit(f"callgrind dumps {sorted(parts)} do not hold the kept regions (first markers {firsts})")
     if not all(parts.values()):
         sys.exit(f"callgrind counted nothing in some regions (was its instrumentation switched on?): {parts}")
     missed = set()
@@ -675,7 +682,10 @@ def _regions(mode: str, loop_name: str, scenarios: list[str], tasks: int, path: 
         match = re.fullmatch(r"delivered (\w+) (\d+) of (\d+)", line)
         if match is not None and match.group(2) != match.group(3):
             missed.add(match.group(1))
-    return {s: (parts[3 * i + 3] - parts[3 * i + 2]) / tasks for i, s in enumerate(scenarios) if s not in missed}
+    # Dump k is made at marker k: what ran since marker k - 1. The kept
+    # attempt's N tasks ran between its first marker and the next, its 2N
+    # between those next two.
+    return {s: (parts[firsts[s] + 2] - parts[firsts[s] + 1]) / tasks for s in scenarios if s not in missed}
 
 
 def profile(
@@ -739,7 +749,8 @@ def profile(
             return counts
 
         # The 2N-task region minus the N-task one, as the table's figures.
-        small, large = inclusive("cg.2-01"), inclusive("cg.3-01")
+        first = quiet_watchdog.kept(done.stdout, [scenario])[scenario]
+        small, large = inclusive(f"cg.{first + 1}-01"), inclusive(f"cg.{first + 2}-01")
     rows = sorted(((large.get(k, 0) - small.get(k, 0)) / tasks, k) for k in set(small) | set(large))
     return sorted(rows, reverse=True)[:top]
 

@@ -8,7 +8,8 @@ one `os.stat` on the loop:
 - `baseline`: neither aiocop nor blockbuster imported;
 - `aiocop`: detection and the stall watchdog on, as users run them, every
   event delivered to a callback that reads its `blocking_events` (formatted
-  for it); the watchdog's own looks spaced far apart (see `_watch_slowly`);
+  for it); the watchdog's own looks kept out of the counted regions
+  (benchmarks/quiet_watchdog.py);
 - `blockbuster`: `BlockBuster().activate()`; its error, raised at the call
   before the call runs, is caught (the check: one per task).
 
@@ -24,7 +25,7 @@ System calls, unlike time, do not move with the machine's load: the watchdog
 looks at the loop at moments set by the clock (every 2 ms while a loop is
 busy), each look a GIL hand-off or two, so under strace, which makes every
 system call of the program tens of times slower, the looks per task would
-follow strace's slowdown, not aiocop's work. Here they are spaced 20 s apart;
+follow strace's slowdown, not aiocop's work. Here none falls in a region;
 what the watchdog's looks cost per second is benchmarks/watchdog_busy_cost.py's.
 tests/test_syscall_guard.py holds aiocop to blockbuster's counts (the CI guard).
 Needs strace (`apt-get install strace`); Linux only.
@@ -35,7 +36,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import gc
 import json
 import os
 import re
@@ -45,11 +45,15 @@ import sys
 import tempfile
 from typing import Any
 
+# benchmarks/quiet_watchdog.py, beside this file: the children run this file as a script (its directory first on
+# sys.path), the tests load it by its path (its directory added last, after everything it could shadow).
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+import quiet_watchdog
+
 MODES = ("baseline", "aiocop", "blockbuster")
 LOOPS = ("asyncio", "uvloop")
 BATCH = 200
-# How often the watchdog looks at a loop in the `aiocop` mode (see _watch_slowly).
-WATCHDOG_LOOK_S = 20.0
 # A strace line: "<tid> <name>(...", "<tid> <... name resumed>..." (the end of a call another thread's interrupted).
 _LINE = re.compile(r"(\d+)\s+(<\.\.\. )?(\w+)")
 MARKER = "getppid"
@@ -65,20 +69,6 @@ async def _stat() -> None:
     except CAUGHT:
         _caught[0] += 1
     await asyncio.sleep(0)
-
-
-def _watch_slowly() -> None:
-    # Each look of the watchdog takes the GIL from the loop's thread at a
-    # moment set by the clock: a futex or two per look, however many tasks
-    # ran meanwhile. Spaced 20 s apart, none falls in a region; the loop
-    # thread's own work for the watchdog (per step) stays in every figure.
-    # As benchmarks/instructions.py does for its counts.
-    from aiocop._stalls import settings as _settings
-    from aiocop._stalls import watchdog as _watchdog
-
-    _settings.sampling.busy_poll_ms = WATCHDOG_LOOK_S * 1000.0
-    _settings.sampling.idle_interval_ms = WATCHDOG_LOOK_S * 1000.0
-    _watchdog._FAST_IDLE_S = WATCHDOG_LOOK_S
 
 
 def child(mode: str, loop_name: str, tasks: int) -> None:
@@ -100,7 +90,7 @@ def child(mode: str, loop_name: str, tasks: int) -> None:
         aiocop.start_blocking_io_detection(trace_depth=5)
         aiocop.register_slow_task_callback(read)
         aiocop.detect_slow_tasks(threshold_ms=30)
-        _watch_slowly()
+        quiet_watchdog.watch_slowly()
     elif mode != "baseline":
         sys.exit(f"unknown mode {mode!r}")
 
@@ -109,16 +99,26 @@ def child(mode: str, loop_name: str, tasks: int) -> None:
             await asyncio.gather(*(_stat() for _ in range(BATCH)))
         await asyncio.sleep(0)  # the last batch's delivery
 
+    markers = quiet_watchdog.Markers()
+
+    async def regions() -> None:
+        markers.mark()  # strace lists each marker
+        await run(tasks)
+        markers.mark()
+        await run(2 * tasks)
+        markers.mark()
+
+    def reset() -> None:
+        calls[0] = _caught[0] = 0
+
+    async def scenario_run() -> None:
+        # One run of the loop: its start and stop wake the watchdog, and
+        # their looks must fall outside the regions (see quiet_watchdog).
+        await run(2 * BATCH)  # warm-up: caches, lazy imports, the watchdog's thread
+        await quiet_watchdog.counted("stat", f"{mode} on {loop_name}", mode == "aiocop", markers, regions, reset)
+
     loop = asyncio.new_event_loop() if loop_name == "asyncio" else __import__(loop_name).new_event_loop()
-    loop.run_until_complete(run(2 * BATCH))  # warm-up: caches, lazy imports, the watchdog's thread
-    calls[0] = _caught[0] = 0
-    gc.collect()
-    gc.freeze()  # a full collection in one region and not the other would touch every object
-    os.getppid()
-    loop.run_until_complete(run(tasks))
-    os.getppid()
-    loop.run_until_complete(run(2 * tasks))
-    os.getppid()
+    loop.run_until_complete(scenario_run())
     loop.close()
     seen = {"aiocop": calls[0], "blockbuster": _caught[0]}.get(mode, 3 * tasks)
     if seen != 3 * tasks:
@@ -153,9 +153,12 @@ def count(mode: str, loop_name: str, tasks: int) -> dict[str, float]:
             sys.exit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
         with open(out, encoding="utf-8", errors="replace") as f:
             regions = parse(f.read())
-    if len(regions) != 2:
-        sys.exit(f"{mode} on {loop_name}: {len(regions)} marked regions in the trace, expected 2")
-    one, two = regions
+    # regions[k - 1] ran between markers k and k + 1: the kept attempt's N
+    # tasks from its first marker, its 2N from the next.
+    first = quiet_watchdog.kept(done.stdout, ["stat"])["stat"]
+    if len(regions) < first + 1:
+        sys.exit(f"{mode} on {loop_name}: {len(regions)} marked regions in the trace, the kept ones at marker {first}")
+    one, two = regions[first - 1], regions[first]
     return {name: (two[name] - one[name]) / tasks for name in sorted(set(one) | set(two))}
 
 

@@ -13,6 +13,8 @@ AIOCOP_REQUIRE_VALGRIND is set, as in CI (`.ci/run` installs valgrind).
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import math
 import os
@@ -83,6 +85,56 @@ def test_the_table_programs_check_their_events(mode: str) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+quiet_watchdog = scripts.load("benchmarks/quiet_watchdog.py")
+
+
+def _count_with_looks(monkeypatch: pytest.MonkeyPatch, looks: list[int]) -> int:
+    # quiet_watchdog.counted with the watchdog's looks inside each attempt's regions scripted.
+    monkeypatch.setattr(quiet_watchdog, "quiesce", lambda: 0)
+    monkeypatch.setattr(quiet_watchdog, "looks_since", lambda polls: looks.pop(0))
+    monkeypatch.setattr(gc, "freeze", lambda: None)  # (the test process's objects stay collectable)
+    markers = quiet_watchdog.Markers()
+    resets = []
+
+    async def regions() -> None:
+        for _ in range(3):
+            markers.mark()
+
+    def reset() -> None:
+        resets.append(markers.made)
+
+    asyncio.run(quiet_watchdog.counted("stat", "aiocop/stat on uvloop", True, markers, regions, reset))
+    assert resets == list(range(0, markers.made, 3))  # the events' count starts again with each attempt
+    made: int = markers.made
+    return made
+
+
+def test_regions_a_look_fell_in_are_run_again_and_the_kept_ones_named(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The table's counts hold only if no look of the watchdog fell inside
+    # its regions (each look costs the loop's thread work at a moment set by
+    # the clock): an attempt that saw one is run again, and the parent reads
+    # which markers the kept attempt's regions lie between.
+    made = _count_with_looks(monkeypatch, [2, 0])
+    out, err = capsys.readouterr()
+    assert made == 6
+    assert out == f"{quiet_watchdog.KEPT} stat 4\n"
+    assert err == "aiocop/stat on uvloop: the watchdog looked 2 time(s) inside the regions of attempt 1\n"
+    assert quiet_watchdog.kept(out, ["stat"]) == {"stat": 4}
+    with pytest.raises(SystemExit, match="reported no kept regions for file_read"):
+        quiet_watchdog.kept(out, ["stat", "file_read"])
+
+
+def test_regions_a_look_fell_in_every_time_fail_the_run_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SystemExit) as exited:
+        _count_with_looks(monkeypatch, [1] * quiet_watchdog.ATTEMPTS)
+    assert str(exited.value) == (
+        f"aiocop/stat on uvloop: the watchdog looked inside the counted regions in each of {quiet_watchdog.ATTEMPTS}"
+        " attempts, whose counts would then follow the clock, not the code"
+    )
 
 
 def _skip_reason() -> str | None:
