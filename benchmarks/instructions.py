@@ -558,8 +558,8 @@ def table_child(mode: str, loop_name: str, tasks: int, scenarios: list[str]) -> 
     markers = quiet_watchdog.Markers()
 
     async def scenario_run(scenario: str, body: Any) -> None:
-        # One run of the loop per scenario: a loop's start and stop wake the
-        # watchdog, and their looks must fall outside the regions.
+        # One run of the loop per scenario: a loop's start can wake the
+        # watchdog, whose look must fall outside the regions.
         await run(body, 2 * TABLE_BATCH)  # warm-up: caches, lazy imports, specialisation
 
         async def regions() -> None:
@@ -933,7 +933,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--floor", action="store_true", help="add the floor_detector.py column (stat only)")
     parser.add_argument(
-        "--watchdog", action="store_true", help="add a column: full, with the stall watchdog on (as in --table)"
+        "--watchdog",
+        action="store_true",
+        help="add a column: full, with the stall watchdog on (its looks an hour apart)",
     )
     parser.add_argument(
         "--profile",

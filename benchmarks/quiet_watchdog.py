@@ -23,12 +23,13 @@ ATTEMPTS times; it prints which markers the kept attempt began at, and
 `kept` reads that back in the parent. The loop thread's own
 work for the watchdog, at each step and each detected call, stays in every
 figure; what the looks cost per second is benchmarks/watchdog_busy_cost.py's.
-The regions of one scenario run in one run of the loop: a loop's start and
-stop wake the watchdog.
+The regions of one scenario run in one run of the loop: a loop's start can
+wake the watchdog from its sleep.
 """
 
 from __future__ import annotations
 
+import _thread
 import gc
 import os
 import re
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 
 # How far apart the looks are: longer than any counting child runs under valgrind.
 LOOK_S = 3600.0
+# How long the step that asked for the look lets go of the GIL after it, for the watchdog to go to sleep.
+SETTLE_S = 0.05
 # Attempts at a scenario's regions before the run fails.
 ATTEMPTS = 3
 # The line a child prints for each scenario: "<KEPT> <scenario> <marker>", the kept attempt's first marker (from 1).
@@ -73,14 +76,27 @@ def quiesce() -> int:
     Called in a step of the running loop: the step waits for the look (a
     stall far under any threshold the benchmarks set), so the look finds
     the loop busy, arms nothing, leaves the step watched and sleeps the busy
-    interval, LOOK_S. A wake-up still pending then (`sync` asks for looks
-    until one is made) is taken back, or it would cut that sleep short.
+    interval, LOOK_S. `sync` returns as the look is counted, before the
+    watchdog's thread has finished it (its next sleep is chosen after, with
+    a read that lets go of the GIL): the step then lets go of the GIL for
+    SETTLE_S, in which that thread takes it back and goes to sleep, rather
+    than at the first call of the first region. A wake-up still pending
+    then (`sync` asks for looks until one is made) is taken back, or it
+    would cut that sleep short. (Should the thread not be scheduled within
+    SETTLE_S on a loaded machine, the rest of its look, some thousands of
+    instructions and a few system calls, lands in the first region: it can
+    only lower a figure, by about ten instructions per task.)
     """
     from aiocop._stalls import watchdog as _watchdog
 
     watchdog = _watchdog.watchdog
     if not watchdog.sync(timeout=120.0):
         sys.exit("the watchdog did not look within 120 s of being asked to (is detect_slow_tasks on?)")
+    # A timed wait on a held lock, with the lock's C method: time.sleep here
+    # would be a blocking call aiocop reports, in every scenario.
+    pause = _thread.allocate_lock()
+    pause.acquire()
+    _watchdog._acquire(pause, True, SETTLE_S)
     watchdog._waker.acquire(False)  # (taken if it was released: the watchdog's sleep is then not cut short)
     return watchdog.polls
 

@@ -112,8 +112,8 @@ def child(mode: str, loop_name: str, tasks: int) -> None:
         calls[0] = _caught[0] = 0
 
     async def scenario_run() -> None:
-        # One run of the loop: its start and stop wake the watchdog, and
-        # their looks must fall outside the regions (see quiet_watchdog).
+        # One run of the loop: its start can wake the watchdog, whose look
+        # must fall outside the regions (see quiet_watchdog).
         await run(2 * BATCH)  # warm-up: caches, lazy imports, the watchdog's thread
         await quiet_watchdog.counted("stat", f"{mode} on {loop_name}", mode == "aiocop", markers, regions, reset)
 
@@ -143,6 +143,16 @@ def parse(trace: str) -> list[collections.Counter[str]]:
     return regions[:-1]  # after the last marker: the loop's close, the exit
 
 
+def kept_regions(
+    regions: list[collections.Counter[str]], first: int, where: str
+) -> tuple[collections.Counter[str], collections.Counter[str]]:
+    """The kept attempt's N-task and 2N-task regions, `first` its first marker (from 1)."""
+    # regions[k - 1] ran between markers k and k + 1.
+    if first < 1 or len(regions) < first + 1:
+        sys.exit(f"{where}: {len(regions)} marked regions in the trace, the kept ones from marker {first}")
+    return regions[first - 1], regions[first]
+
+
 def count(mode: str, loop_name: str, tasks: int) -> dict[str, float]:
     """System calls per task of each name: (region of 2N tasks - region of N tasks) / N."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -153,12 +163,7 @@ def count(mode: str, loop_name: str, tasks: int) -> dict[str, float]:
             sys.exit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
         with open(out, encoding="utf-8", errors="replace") as f:
             regions = parse(f.read())
-    # regions[k - 1] ran between markers k and k + 1: the kept attempt's N
-    # tasks from its first marker, its 2N from the next.
-    first = quiet_watchdog.kept(done.stdout, ["stat"])["stat"]
-    if len(regions) < first + 1:
-        sys.exit(f"{mode} on {loop_name}: {len(regions)} marked regions in the trace, the kept ones at marker {first}")
-    one, two = regions[first - 1], regions[first]
+    one, two = kept_regions(regions, quiet_watchdog.kept(done.stdout, ["stat"])["stat"], f"{mode} on {loop_name}")
     return {name: (two[name] - one[name]) / tasks for name in sorted(set(one) | set(two))}
 
 

@@ -41,6 +41,21 @@ SLACK = 0.05
 syscalls = scripts.load("benchmarks/syscalls.py")
 
 
+def test_the_regions_of_the_attempt_kept_are_the_ones_counted() -> None:
+    # Two attempts at the regions (a look of the watchdog fell in the first):
+    # six markers, five regions between them; the child said the kept
+    # attempt began at marker 4.
+    lines = ["100 getppid() = 1"]
+    for calls in (1, 9, 9, 1, 2):  # attempt 1's N and 2N, the gap, attempt 2's N and 2N
+        lines += ["100 newfstatat(AT_FDCWD, ...) = 0"] * calls + ["100 getppid() = 1"]
+    regions = syscalls.parse("\n".join([*lines, "100 exit_group(0) = ?"]))
+    assert [r["newfstatat"] for r in regions] == [1, 9, 9, 1, 2]
+    one, two = syscalls.kept_regions(regions, 4, "aiocop on uvloop")
+    assert (one["newfstatat"], two["newfstatat"]) == (1, 2)
+    with pytest.raises(SystemExit, match="5 marked regions in the trace, the kept ones from marker 5"):
+        syscalls.kept_regions(regions, 5, "aiocop on uvloop")
+
+
 def test_a_trace_is_split_at_the_markers_and_each_thread_counted_apart() -> None:
     trace = "\n".join(
         [
