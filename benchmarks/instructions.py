@@ -82,10 +82,8 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-# benchmarks/quiet_watchdog.py, beside this file: the children run this file as a script (its directory first on
-# sys.path), the tests load it by its path (its directory added last, after everything it could shadow).
-if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
-    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+# benchmarks/quiet_watchdog.py, beside this file: run as a script, its directory is first on sys.path; the tests
+# load it with tests/support/scripts.py, which puts that directory last.
 import quiet_watchdog
 
 if TYPE_CHECKING:

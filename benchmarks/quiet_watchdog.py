@@ -16,11 +16,13 @@ So, in a counting child: `watch_slowly` after `detect_slow_tasks` spaces
 the looks an hour apart; `counted`, called in a step of the running loop
 after the warm-up, has the watchdog look from inside that step (the
 regions then always run watched, as a busy loop looked at every few
-milliseconds does), runs the marked regions, and runs them again if a
-look still fell inside them (a wake-up asked for while that look was
-under way: about one scenario in ten on a loaded machine), up to
-ATTEMPTS times; it prints which markers the kept attempt began at, and
-`kept` reads that back in the parent. The loop thread's own
+milliseconds does), lets its thread finish that look (`quiesce`: 50 ms
+with the GIL free, a pending wake-up taken back), runs the marked
+regions, and runs them again if a look still fell inside them, up to
+ATTEMPTS times (seen once under eight `yes` before `quiesce` let the
+look finish and took back the wake-up, not since); it prints which
+markers the kept attempt began at, and `kept` reads that back in the
+parent. The loop thread's own
 work for the watchdog, at each step and each detected call, stays in every
 figure; what the looks cost per second is benchmarks/watchdog_busy_cost.py's.
 The regions of one scenario run in one run of the loop: a loop's start can

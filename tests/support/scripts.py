@@ -14,8 +14,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load(relative: str) -> ModuleType:
-    """The script at `relative` (to the checkout, e.g. "benchmarks/syscalls.py"), loaded once."""
+    """The script at `relative` (to the checkout, e.g. "benchmarks/syscalls.py"), loaded once.
+
+    Its directory goes on sys.path, last (after everything a script there
+    could shadow), for what it imports from beside it as it does when run
+    (benchmarks/quiet_watchdog.py).
+    """
     path = ROOT / relative
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
     key = "aiocop_script_" + relative.removesuffix(".py").replace("/", "_")
     if key in sys.modules:
         return sys.modules[key]
