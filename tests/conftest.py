@@ -134,30 +134,6 @@ INTEGRATION_TESTS = frozenset(
 )
 
 
-# The modules that take longest, longest first (measured on 3.11 with
-# tests/conftest.py's markers): pytest-xdist hands out whole files (`--dist
-# loadfile`) in collection order, and alphabetically `test_watchdog` (a
-# hundred seconds of the timing run) came last, alone on one worker at the end
-# while the others idled. Run first, the long ones are spread over the workers.
-SLOW_FIRST = (
-    "test_cost_guard",
-    "test_benchmarks",
-    "stalls/test_gil_catalogue",
-    "reporting/test_hangs",
-    "integrations/test_prometheus",  # 80 s, in the timing run on 3.11
-    "stalls/test_watchdog",
-    "stalls/test_gil_stalls",
-    "api/test_soak",
-    "stalls/test_rloop_race",
-    "stalls/test_concurrency",
-    "integrations/test_opentelemetry",
-    "integrations/test_pytest_plugin",
-    "configuration/test_config",
-    "commands/test_cli",
-    "test_docs_examples",
-)
-
-
 T = TypeVar("T")
 F = TypeVar("F", bound="Callable[..., Any]")
 
@@ -216,8 +192,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cost)
         if module in INTEGRATION_MODULES or name in INTEGRATION_TESTS:
             item.add_marker(pytest.mark.integration)
-    rank = {module: i for i, module in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda item: rank.get(module_key(item.path), len(SLOW_FIRST)))  # stable: each module's order kept
 
 
 def pytest_report_header() -> str:
