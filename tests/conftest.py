@@ -54,10 +54,10 @@ LOOP_NAMES = _loops_asked()
 
 # Which tests rest on what (issue 36): `make test` runs the deterministic tests
 # first, then the `timing` ones on their own, each re-run once on failure and
-# the re-runs listed at the end; CI runs the `cost` and `integration` tests
-# once, on CPython 3.12. A module listed here (by its path under tests/, as
-# `module_key` names it) has its every test marked; a test elsewhere carries
-# the marker itself.
+# the re-runs listed at the end; CI runs the `cost`, `integration` and `repo`
+# tests once, on CPython 3.12. A module listed here (by its path under tests/,
+# as `module_key` names it) has its every test marked; a test elsewhere
+# carries the marker itself.
 #
 # timing: the outcome rests on real time (the watchdog noticing a stall and
 #   timing it, a hang reported while it lasts, the loop-delay probe's ticks):
@@ -123,6 +123,10 @@ TIMING_TESTS = frozenset(
 # cost: instruction counts under valgrind, system calls under strace and the
 #   benchmark suite run end to end: deterministic, but minutes of CPU each.
 COST_MODULES = frozenset({"test_cost_guard", "test_syscall_guard", "test_benchmarks"})
+# repo: reads the repository's own files and nothing else (the package's
+#   layering from its source, the marker tables above): the same on every
+#   Python, so CI runs them once, on 3.12, like lint (7 s of CPU a Python).
+REPO_MODULES = frozenset({"test_layers", "test_markers"})
 # integration: a real Prometheus server, a real browser, or the package registry.
 INTEGRATION_MODULES = frozenset({"integrations/test_prometheus"})
 INTEGRATION_TESTS = frozenset(
@@ -190,6 +194,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timing)
         if module in COST_MODULES:
             item.add_marker(pytest.mark.cost)
+        if module in REPO_MODULES:
+            item.add_marker(pytest.mark.repo)
         if module in INTEGRATION_MODULES or name in INTEGRATION_TESTS:
             item.add_marker(pytest.mark.integration)
 

@@ -32,7 +32,7 @@ def _test_names(path: Path) -> set[str]:
 
 def test_every_module_named_in_a_marker_table_exists() -> None:
     modules = {conftest.module_key(path) for path in TESTS.rglob("test_*.py")}
-    named = conftest.TIMING_MODULES | conftest.COST_MODULES | conftest.INTEGRATION_MODULES
+    named = conftest.TIMING_MODULES | conftest.COST_MODULES | conftest.INTEGRATION_MODULES | conftest.REPO_MODULES
     assert named - modules == set()
 
 
