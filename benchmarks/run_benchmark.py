@@ -99,10 +99,13 @@ QUICK = Preset(
     echo_modes=ECHO_MODES,
     throughput_rounds=1,
     warmup=0.0,
-    # Each server and mode is loaded this long (wrk: 1 s, its least): their
-    # checks are made as the server starts. At 1 s the quick run took 58 s of
-    # CPU (16 loaded runs, each on both cores), at 0.3 s 31-35 s.
-    duration=0.3,
+    # Each server and mode is loaded this long (wrk: 1 s, its least). No check
+    # rests on how much load ran (the probes, the baseline's imports), but
+    # each run must count some requests, and the Python client's window opens
+    # before it imports its loop and connects (about 0.15 s here): 0.5 s
+    # leaves it most of its time. The quick run took 56-57 s of CPU at 1 s
+    # (16 loaded runs, each on both cores), 44-46 s at 0.5 s (alternating).
+    duration=0.5,
     scaling_sizes=(1_000, 2_000),
     scaling_rounds={1_000: 1, 2_000: 1},
     scaling_reps={1_000: 1, 2_000: 1},

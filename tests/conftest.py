@@ -126,7 +126,14 @@ COST_MODULES = frozenset({"test_cost_guard", "test_syscall_guard", "test_benchma
 # repo: reads the repository's own files and nothing else (the package's
 #   layering from its source, the marker tables above): the same on every
 #   Python, so CI runs them once, on 3.12, like lint (7 s of CPU a Python).
-REPO_MODULES = frozenset({"test_layers", "test_markers"})
+REPO_MODULES = frozenset({"test_layers"})
+REPO_TESTS = frozenset(
+    {
+        # tests/test_markers.py (its loop runtime check runs a loop: everywhere)
+        "test_every_module_named_in_a_marker_table_exists",
+        "test_every_test_named_in_a_marker_table_exists_outside_the_modules_marked_whole",
+    }
+)
 # integration: a real Prometheus server, a real browser, or the package registry.
 INTEGRATION_MODULES = frozenset({"integrations/test_prometheus"})
 INTEGRATION_TESTS = frozenset(
@@ -194,7 +201,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timing)
         if module in COST_MODULES:
             item.add_marker(pytest.mark.cost)
-        if module in REPO_MODULES:
+        if module in REPO_MODULES or name in REPO_TESTS:
             item.add_marker(pytest.mark.repo)
         if module in INTEGRATION_MODULES or name in INTEGRATION_TESTS:
             item.add_marker(pytest.mark.integration)

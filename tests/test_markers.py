@@ -1,7 +1,7 @@
 """What tests/conftest.py keeps true of the suite as a whole.
 
-The tables that mark tests `timing`, `cost` and `integration` name what
-exists: a test renamed or moved would otherwise lose its marker without a
+The tables that mark tests `timing`, `cost`, `integration` and `repo` name
+what exists: a test renamed or moved would otherwise lose its marker without a
 word, and run beside the rest of the suite instead of on its own (issue 36).
 And no test leaves a loop's runtime threads running (issue 37).
 """
@@ -47,6 +47,7 @@ def _names_outside(modules: frozenset[str]) -> set[str]:
 def test_every_test_named_in_a_marker_table_exists_outside_the_modules_marked_whole() -> None:
     assert conftest.TIMING_TESTS - _names_outside(conftest.TIMING_MODULES) == set()
     assert conftest.INTEGRATION_TESTS - _names_outside(conftest.INTEGRATION_MODULES) == set()
+    assert conftest.REPO_TESTS - _names_outside(conftest.REPO_MODULES) == set()
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the guard reads the kernel's thread list (/proc), Linux only")
